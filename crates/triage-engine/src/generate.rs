@@ -1,0 +1,285 @@
+//! Single-request generation: prefill the prompt, then decode step by step, each step's logits
+//! reduced once (max, log-sum-exp, entropy, argmax, top-k) for logprobs and the entropy monitor.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+use serde::Serialize;
+use triage_models::attention::ContiguousKvCache;
+use triage_models::chat_template::ChatMessage;
+use triage_models::model::Model;
+use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
+
+use crate::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, DEFAULT_WINDOW};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stop::StopChecker;
+use crate::{EngineError, Result};
+
+/// What to generate from.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Raw text, tokenized as is (a BOS token is added when the model asks for one).
+    Text(String),
+    /// Chat messages rendered through the model's chat template with a generation prompt.
+    Chat(Vec<ChatMessage>),
+    /// Token ids, used as given.
+    Tokens(Vec<u32>),
+}
+
+/// How the entropy of the first tokens is measured and, with a threshold, acted on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntropySettings {
+    /// Check window m: the mean is taken over the first `window` generated tokens.
+    pub window: usize,
+    pub estimator: EntropyEstimator,
+    pub unit: EntropyUnit,
+    /// τ: with a threshold, the monitor decides accept/escalate.
+    pub threshold: Option<f32>,
+    /// Stop generating as soon as the monitor decides to escalate.
+    pub stop_on_escalate: bool,
+}
+
+impl Default for EntropySettings {
+    fn default() -> Self {
+        Self {
+            window: DEFAULT_WINDOW,
+            estimator: EntropyEstimator::FullSoftmax,
+            unit: EntropyUnit::Nats,
+            threshold: None,
+            stop_on_escalate: false,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    pub params: SamplingParams,
+    pub entropy: EntropySettings,
+}
+
+/// One generated token. `logprob`, `entropy` and `top_logprobs` are of the raw model
+/// distribution, before penalties and temperature.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenOutput {
+    pub id: u32,
+    pub text: String,
+    pub logprob: f32,
+    /// The step's value under the configured estimator and unit (full-softmax nats by default).
+    pub entropy: f32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence token, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// The entropy monitor escalated and `stop_on_escalate` was set.
+    Escalate,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+/// Mean entropy over the check window.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeanEntropy {
+    /// Mean over the first `min(window, tokens)` generated tokens (EOS excluded); `None` if none.
+    pub value: Option<f32>,
+    pub unit: EntropyUnit,
+    pub window: usize,
+}
+
+/// Wall-clock times of the two phases.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timings {
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationOutput {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub tokens: Vec<TokenOutput>,
+    pub finish_reason: FinishReason,
+    pub mean_entropy: MeanEntropy,
+    /// The monitor's decision, when a threshold was given.
+    #[serde(skip)]
+    pub decision: Option<Decision>,
+    pub timings: Timings,
+}
+
+/// Turn a prompt into token ids with the model's tokenizer and chat template.
+pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
+    let ids = match prompt {
+        Prompt::Tokens(ids) => ids.clone(),
+        Prompt::Text(text) => model.tokenizer.encode(text, model.tokenizer.add_bos(), false)?,
+        Prompt::Chat(messages) => {
+            let text = model.chat_template.render(messages, true)?;
+            // The template writes its own special tokens (BOS included when the model wants it).
+            model.tokenizer.encode(&text, false, true)?
+        }
+    };
+    if ids.is_empty() {
+        return Err(EngineError::Invalid("the prompt is empty".into()));
+    }
+    Ok(ids)
+}
+
+/// Generate for one request; `on_token` sees each token and the text it adds to the output
+/// (already cut at stop strings) as soon as it is produced, and returns `false` to cancel.
+pub fn generate(
+    model: &Model,
+    request: &GenerateRequest,
+    mut on_token: impl FnMut(&TokenOutput, &str) -> bool,
+) -> Result<GenerationOutput> {
+    let params = &request.params;
+    params.validate()?;
+    let settings = request.entropy;
+    let prompt_ids = tokenize_prompt(model, &request.prompt)?;
+    let context_length = model.context_length();
+    let max_tokens = resolve_max_tokens(prompt_ids.len(), params.max_tokens, context_length)?;
+    let mut sampler = Sampler::new(params.clone(), &prompt_ids)?;
+    let mut stop = StopChecker::new(&params.stop)?;
+    let mut monitor = match settings.threshold {
+        Some(tau) => Some(EntropyMonitor::new(tau, settings.window, settings.estimator, settings.unit)?),
+        None => None,
+    };
+    let top_k = reduction_k(params, settings.estimator);
+    let transformer = &model.transformer;
+    let mut cache = ContiguousKvCache::new(transformer.config().num_layers);
+    let mut decoder = model.tokenizer.stream_decoder(true);
+
+    let start = Instant::now();
+    let positions: Vec<u32> = (0..prompt_ids.len() as u32).collect();
+    let mut logits = transformer.forward(&prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache)?;
+    let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+    let decode_start = Instant::now();
+
+    let mut tokens: Vec<TokenOutput> = Vec::new();
+    let mut text = String::new();
+    let mut finish_reason = FinishReason::Length;
+    let mut decision = None;
+    while tokens.len() < max_tokens {
+        let (stats, row) = reduce_row(&logits, top_k)?;
+        let id = sampler.sample(&row)?;
+        let logprob = row[id as usize] - stats.log_sum_exp;
+        let is_eos = (!params.ignore_eos && model.tokenizer.is_eos(id)) || params.stop_token_ids.contains(&id);
+        if is_eos {
+            finish_reason = FinishReason::Stop;
+            break;
+        }
+        let value = settings.estimator.step_value(&stats, logprob, settings.unit)?;
+        let token = TokenOutput {
+            id,
+            text: model.tokenizer.decode(&[id], false)?,
+            logprob,
+            entropy: value,
+            top_logprobs: stats.top_k.iter().take(params.top_logprobs).copied().collect(),
+        };
+        let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
+        let out = stop.push(&piece);
+        text.push_str(&out.text);
+        tokens.push(token);
+        let keep_going = on_token(tokens.last().expect("just pushed"), &out.text);
+        if out.matched.is_some() {
+            finish_reason = FinishReason::Stop;
+            break;
+        }
+        if let Some(m) = monitor.as_mut() {
+            let d = m.observe(value)?;
+            if let Decision::Escalate { .. } = d {
+                decision = Some(d);
+                if settings.stop_on_escalate {
+                    finish_reason = FinishReason::Escalate;
+                    break;
+                }
+            }
+        }
+        if !keep_going {
+            finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if tokens.len() >= max_tokens {
+            break;
+        }
+        let pos = (prompt_ids.len() + tokens.len() - 1) as u32;
+        logits = transformer.forward(&[id], &[pos], &[0], &mut cache)?;
+    }
+    if !stop.is_stopped() {
+        if let Some(rest) = decoder.flush(&model.tokenizer)? {
+            let out = stop.push(&rest);
+            text.push_str(&out.text);
+        }
+        text.push_str(&stop.finish());
+    }
+    if let Some(m) = monitor.as_mut() {
+        decision = Some(decision.unwrap_or_else(|| m.finish()));
+    }
+    let window_len = tokens.len().min(settings.window);
+    let mean = (window_len > 0)
+        .then(|| tokens[..window_len].iter().map(|t| t.entropy as f64).sum::<f64>() / window_len as f64)
+        .map(|m| m as f32);
+    Ok(GenerationOutput {
+        text,
+        prompt_tokens: prompt_ids.len(),
+        completion_tokens: tokens.len(),
+        tokens,
+        finish_reason,
+        mean_entropy: MeanEntropy {
+            value: mean,
+            unit: settings.unit,
+            window: settings.window,
+        },
+        decision,
+        timings: Timings {
+            prefill_ms,
+            decode_ms: decode_start.elapsed().as_secs_f64() * 1e3,
+        },
+    })
+}
+
+/// How many tokens may be generated: `max_tokens` if it fits, else an error; the rest of the
+/// context when unset.
+pub fn resolve_max_tokens(prompt_tokens: usize, max_tokens: Option<usize>, context_length: usize) -> Result<usize> {
+    let room = context_length.saturating_sub(prompt_tokens);
+    match max_tokens {
+        _ if room == 0 => Err(EngineError::ContextOverflow {
+            prompt_tokens,
+            max_tokens: max_tokens.unwrap_or(0),
+            context_length,
+        }),
+        Some(m) if m > room => Err(EngineError::ContextOverflow {
+            prompt_tokens,
+            max_tokens: m,
+            context_length,
+        }),
+        Some(m) => Ok(m),
+        None => Ok(room),
+    }
+}
+
+/// Top-k size of the fused reduction: what the request's logprobs need, and 20 for the top-k
+/// entropy estimators.
+fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {
+    match estimator {
+        EntropyEstimator::TopKRenormalized | EntropyEstimator::TopKResidual => MAX_TOP_K,
+        _ => params.top_logprobs.min(MAX_TOP_K),
+    }
+}
+
+/// Reduce the single logits row and copy it to the host for the sampler.
+fn reduce_row(logits: &Tensor, k: usize) -> Result<(LogitsStats, Vec<f32>)> {
+    let mut stats = logits_reduce(logits, k)?;
+    let stats = stats.pop().ok_or_else(|| EngineError::Invalid("empty logits".into()))?;
+    let row = logits.flatten_all()?.to_vec1::<f32>()?;
+    Ok((stats, row))
+}

@@ -1,0 +1,21 @@
+//! Model architectures (one file each, whatever the weight format), weight loading (GGUF and
+//! safetensors), tokenizers and chat templates.
+#![deny(unsafe_code)]
+
+pub mod attention;
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod fixtures;
+pub mod gguf_info;
+pub mod layers;
+pub mod llama;
+pub mod model;
+pub mod paths;
+pub mod qwen2;
+pub mod requantize;
+pub mod tokenizer;
+pub mod transformer;
+pub mod weights;
+
+pub use error::{ModelError, Result};

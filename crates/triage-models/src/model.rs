@@ -1,0 +1,114 @@
+//! Loading a model from a path: a GGUF file or a HF safetensors folder, into a `Transformer`.
+
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::transformer::{LoadOptions, Transformer};
+use crate::weights::WeightSource;
+use crate::{ModelError, Result};
+
+/// The on-disk format of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    Gguf,
+    Safetensors,
+}
+
+/// A transformer plus the weight source it came from (whose metadata builds the tokenizer).
+#[derive(Debug)]
+pub struct LoadedWeights {
+    pub transformer: Transformer,
+    pub source: WeightSource,
+    pub format: ModelFormat,
+}
+
+/// Open `path` (a `.gguf` file or a folder with `config.json` and `*.safetensors`) and build the
+/// transformer. A missing, truncated or malformed file is an error, never a panic.
+pub fn load_weights(path: &Path, opts: &LoadOptions) -> Result<LoadedWeights> {
+    let meta = std::fs::metadata(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.is_dir() {
+        let config_path = path.join("config.json");
+        let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidModel {
+            path: config_path.clone(),
+            message: e.to_string(),
+        })?;
+        let mut config = ModelConfig::from_hf_json(&json)?;
+        let mut source = WeightSource::open_safetensors_dir(path)?;
+        if !source.contains("output.weight") {
+            config.tie_embeddings = true;
+        }
+        let transformer = Transformer::load(config, &mut source, opts)?;
+        return Ok(LoadedWeights {
+            transformer,
+            source,
+            format: ModelFormat::Safetensors,
+        });
+    }
+    let mut source = WeightSource::open_gguf(path)?;
+    let vocab_size = source
+        .dims("token_embd.weight")
+        .and_then(|d| d.first().copied())
+        .ok_or_else(|| ModelError::InvalidModel {
+            path: path.to_path_buf(),
+            message: "no token_embd.weight tensor".into(),
+        })?;
+    let tie = !source.contains("output.weight");
+    let md = source.gguf_metadata().ok_or_else(|| ModelError::Invalid("gguf without metadata".into()))?;
+    let config = ModelConfig::from_gguf(md, vocab_size, tie)?;
+    let transformer = Transformer::load(config, &mut source, opts)?;
+    Ok(LoadedWeights {
+        transformer,
+        source,
+        format: ModelFormat::Gguf,
+    })
+}
+
+/// A model ready to run: transformer, tokenizer, chat template and where it came from.
+#[derive(Debug)]
+pub struct Model {
+    pub name: String,
+    pub path: std::path::PathBuf,
+    pub format: ModelFormat,
+    pub transformer: Transformer,
+    pub tokenizer: crate::tokenizer::TextTokenizer,
+    pub chat_template: crate::chat_template::ChatTemplate,
+}
+
+impl Model {
+    /// Load weights, tokenizer and chat template from `path` (GGUF file or safetensors folder).
+    pub fn load(name: &str, path: &Path, opts: &LoadOptions) -> Result<Self> {
+        let loaded = load_weights(path, opts)?;
+        let tokenizer = match (&loaded.format, loaded.source.gguf_metadata()) {
+            (ModelFormat::Gguf, Some(md)) => crate::tokenizer::TextTokenizer::from_gguf(md)?,
+            _ => crate::tokenizer::TextTokenizer::from_tokenizer_json(&path.join("tokenizer.json"))?,
+        };
+        let chat_template = match tokenizer.chat_template() {
+            Some(source) => crate::chat_template::ChatTemplate::new(
+                source,
+                &tokenizer.bos_token().unwrap_or_default(),
+                &tokenizer.eos_token().unwrap_or_default(),
+            )?,
+            None => crate::chat_template::ChatTemplate::chatml(),
+        };
+        Ok(Self {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            format: loaded.format,
+            transformer: loaded.transformer,
+            tokenizer,
+            chat_template,
+        })
+    }
+
+    /// The model's context length in tokens.
+    pub fn context_length(&self) -> usize {
+        self.transformer.config().context_length
+    }
+}

@@ -1,0 +1,206 @@
+//! The decoder-only transformer shared by the supported architectures (their files say how they
+//! differ). The forward pass takes token ids, their positions and an `AttentionBackend`; it owns
+//! no cache policy.
+
+use candle_core::{Device, Tensor};
+
+use crate::attention::AttentionBackend;
+use crate::config::ModelConfig;
+use crate::layers::{Embedding, Linear, Mlp, RmsNorm, RotaryEmbedding};
+use crate::weights::WeightSource;
+use crate::{ModelError, Result};
+
+/// Most positions the rotary tables are precomputed for (longer contexts are refused).
+pub const MAX_ROPE_POSITIONS: usize = 131_072;
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    attn_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    ffn_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A loaded decoder-only transformer.
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    config: ModelConfig,
+    embed: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: RotaryEmbedding,
+    device: Device,
+}
+
+/// How weights are laid out in memory.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub device: Device,
+    /// Keep an f32 copy of quantized matrices for multi-row products (fast CPU prefill at the
+    /// cost of memory: ~4 bytes per parameter).
+    pub dense_prefill: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            device: Device::Cpu,
+            dense_prefill: true,
+        }
+    }
+}
+
+impl Transformer {
+    /// Build the model from its config and a weight source.
+    pub fn load(config: ModelConfig, weights: &mut WeightSource, opts: &LoadOptions) -> Result<Self> {
+        let dev = &opts.device;
+        let dense = opts.dense_prefill;
+        let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
+            let weight = w.get(&format!("{name}.weight"), dev)?;
+            let bias = if bias {
+                Some(w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?)
+            } else {
+                None
+            };
+            Linear::new(weight, bias, dense, dev)
+        };
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = format!("blk.{i}");
+            let layer = DecoderLayer {
+                attn_norm: RmsNorm::new(weights.get(&format!("{p}.attn_norm.weight"), dev)?, config.rms_norm_eps, dev)?,
+                q: linear(weights, &format!("{p}.attn_q"), config.qkv_bias)?,
+                k: linear(weights, &format!("{p}.attn_k"), config.qkv_bias)?,
+                v: linear(weights, &format!("{p}.attn_v"), config.qkv_bias)?,
+                o: linear(weights, &format!("{p}.attn_output"), false)?,
+                ffn_norm: RmsNorm::new(weights.get(&format!("{p}.ffn_norm.weight"), dev)?, config.rms_norm_eps, dev)?,
+                mlp: Mlp {
+                    gate: linear(weights, &format!("{p}.ffn_gate"), false)?,
+                    up: linear(weights, &format!("{p}.ffn_up"), false)?,
+                    down: linear(weights, &format!("{p}.ffn_down"), false)?,
+                },
+            };
+            layers.push(layer);
+        }
+        let embed = Embedding::new(weights.get("token_embd.weight", dev)?, dev)?;
+        // Only the last row of a prompt reaches the LM head, so it stays quantized (no dense copy).
+        let lm_head = if config.tie_embeddings {
+            Linear::new(embed.weight().clone(), None, false, dev)?
+        } else {
+            Linear::new(weights.get("output.weight", dev)?, None, false, dev)?
+        };
+        let norm = RmsNorm::new(weights.get("output_norm.weight", dev)?, config.rms_norm_eps, dev)?;
+        let positions = config.context_length.min(MAX_ROPE_POSITIONS);
+        let rope = RotaryEmbedding::new(config.head_dim, positions, config.rope_theta, config.rope_style, dev)?;
+        Self::check_shapes(&config, &embed, &layers)?;
+        Ok(Self {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            device: dev.clone(),
+        })
+    }
+
+    fn check_shapes(config: &ModelConfig, embed: &Embedding, layers: &[DecoderLayer]) -> Result<()> {
+        let q_out = config.num_heads * config.head_dim;
+        let kv_out = config.num_kv_heads * config.head_dim;
+        for (i, l) in layers.iter().enumerate() {
+            if l.q.out_features()? != q_out || l.k.out_features()? != kv_out || l.v.out_features()? != kv_out {
+                return Err(ModelError::Invalid(format!(
+                    "layer {i}: projection shapes do not match {} heads / {} kv heads of {}",
+                    config.num_heads, config.num_kv_heads, config.head_dim
+                )));
+            }
+        }
+        if embed.vocab_size() != config.vocab_size {
+            return Err(ModelError::Invalid(format!(
+                "embedding has {} rows, config says vocab {}",
+                embed.vocab_size(),
+                config.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Run `token_ids` at `positions` through the model, storing K/V through `attn`, and return the
+    /// logits (`[logits_rows.len(), vocab]`, f32) of the rows named in `logits_rows`.
+    pub fn forward(
+        &self,
+        token_ids: &[u32],
+        positions: &[u32],
+        logits_rows: &[usize],
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let n = token_ids.len();
+        if n == 0 || positions.len() != n {
+            return Err(ModelError::Invalid(format!(
+                "forward: {n} tokens with {} positions",
+                positions.len()
+            )));
+        }
+        if let Some(&bad) = token_ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(ModelError::Invalid(format!("token id {bad} outside the vocabulary")));
+        }
+        let max_pos = positions.iter().copied().max().unwrap_or(0) as usize;
+        if max_pos >= self.config.context_length.min(MAX_ROPE_POSITIONS) {
+            return Err(ModelError::Invalid(format!(
+                "position {max_pos} beyond the context length {}",
+                self.config.context_length
+            )));
+        }
+        if let Some(&bad) = logits_rows.iter().find(|&&r| r >= n) {
+            return Err(ModelError::Invalid(format!("logits row {bad} of {n} tokens")));
+        }
+        let ids = Tensor::new(token_ids, &self.device)?;
+        let pos = Tensor::new(positions, &self.device)?;
+        let mut x = self.embed.forward(&ids)?;
+        for (idx, layer) in self.layers.iter().enumerate() {
+            let h = layer.attn_norm.forward(&x)?;
+            let attn_out = self.attention(layer, idx, &h, &pos, n, attn)?;
+            x = (x + layer.o.forward(&attn_out)?)?;
+            let h = layer.ffn_norm.forward(&x)?;
+            x = (x + layer.mlp.forward(&h)?)?;
+        }
+        let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let x = self.norm.forward(&x.index_select(&rows, 0)?.contiguous()?)?;
+        self.lm_head.forward(&x)
+    }
+
+    fn attention(
+        &self,
+        layer: &DecoderLayer,
+        layer_idx: usize,
+        h: &Tensor,
+        pos: &Tensor,
+        n: usize,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let heads = |t: Tensor, num: usize| -> Result<Tensor> {
+            // [n, num*d] -> [1, num, n, d]
+            Ok(t.reshape((n, num, c.head_dim))?.transpose(0, 1)?.unsqueeze(0)?.contiguous()?)
+        };
+        let q = heads(layer.q.forward(h)?, c.num_heads)?;
+        let k = heads(layer.k.forward(h)?, c.num_kv_heads)?;
+        let v = heads(layer.v.forward(h)?, c.num_kv_heads)?;
+        let q = self.rope.apply(&q, pos)?.squeeze(0)?;
+        let k = self.rope.apply(&k, pos)?.squeeze(0)?;
+        attn.attend(layer_idx, &q, &k, &v.squeeze(0)?)
+    }
+}

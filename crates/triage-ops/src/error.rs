@@ -1,0 +1,14 @@
+//! The error type of `triage-ops`.
+
+/// Errors from the custom ops.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpsError {
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// `Result` with [`OpsError`].
+pub type Result<T> = std::result::Result<T, OpsError>;

@@ -1,0 +1,12 @@
+//! Custom tensor ops for triage: each has a CPU implementation, a `*_slow` reference and (with the
+//! `cuda` feature, from a later issue) a CUDA implementation with the same API.
+#![deny(unsafe_code)]
+
+pub mod error;
+pub mod logits_reduce;
+
+pub use error::{OpsError, Result};
+pub use logits_reduce::{
+    logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
+    LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
+};

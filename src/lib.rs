@@ -1,0 +1,29 @@
+//! triage: a local LLM inference engine with entropy-based routing. This crate is the public
+//! façade (`triage::...`) over the workspace crates, plus model fetching and the CLI.
+#![deny(unsafe_code)]
+
+pub mod catalog;
+pub mod fetch;
+pub mod resolve;
+
+pub use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold};
+pub use triage_engine::generate::{
+    generate, EntropySettings, FinishReason, GenerateRequest, GenerationOutput, Prompt, TokenOutput,
+};
+pub use triage_engine::sampler::SamplingParams;
+pub use triage_engine::EngineError;
+pub use triage_models::chat_template::ChatMessage;
+pub use triage_models::model::Model;
+pub use triage_models::transformer::LoadOptions;
+pub use triage_models::ModelError;
+pub use triage_ops::{logits_reduce, LogitsStats};
+
+/// Version string with git revision and enabled features, as `triage --version` prints it.
+pub fn version_string() -> String {
+    format!(
+        "{} (git {}, features: {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("TRIAGE_GIT_REV"),
+        env!("TRIAGE_FEATURES")
+    )
+}

