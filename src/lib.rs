@@ -18,12 +18,12 @@ pub use triage_models::transformer::LoadOptions;
 pub use triage_models::ModelError;
 pub use triage_ops::{logits_reduce, LogitsStats};
 
-/// Version string with git revision and enabled features, as `triage --version` prints it.
-pub fn version_string() -> String {
-    format!(
-        "{} (git {}, features: {})",
-        env!("CARGO_PKG_VERSION"),
-        env!("TRIAGE_GIT_REV"),
-        env!("TRIAGE_FEATURES")
-    )
-}
+/// Version with git revision and enabled features, as `triage --version` prints it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("TRIAGE_GIT_REV"),
+    ", features: ",
+    env!("TRIAGE_FEATURES"),
+    ")"
+);

@@ -12,7 +12,7 @@ use triage::{
 };
 
 #[derive(Parser)]
-#[command(name = "triage", version = triage::version_string(), about = "Local LLM inference with entropy-based routing")]
+#[command(name = "triage", version = triage::VERSION, about = "Local LLM inference with entropy-based routing")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,15 +57,18 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// 0 means greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     #[arg(long)]
     seed: Option<u64>,
     /// Print one JSON object with tokens, logprobs, entropies and timings.
     #[arg(long)]
     json: bool,
+    /// Keep generating past end-of-sequence tokens (for benchmarks).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +142,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         top_p: args.top_p,
         seed: args.seed,
         max_tokens: Some(args.max_tokens),
+        ignore_eos: args.ignore_eos,
         ..Default::default()
     };
     let request = GenerateRequest {

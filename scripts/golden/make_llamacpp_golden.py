@@ -121,7 +121,7 @@ def main():
         "gguf_file": args.gguf.name,
         "gguf_sha256": sha256(args.gguf),
         "general.name": llm.metadata.get("general.name"),
-        "general.file_type": llm.metadata.get("general.file_type"),
+        "general.file_type": int(llm.metadata.get("general.file_type", -1)),
         "n_vocab": n_vocab,
         "n_ctx": N_CTX,
         "n_threads": N_THREADS,

@@ -1,5 +1,6 @@
-//! The entropy monitor: one uncertainty value per decode step, and the accept/escalate decision on
-//! their mean over the first tokens of a generation.
+//! Entropy monitor: per-step uncertainty values and the accept/escalate decision on their mean.
+//!
+//! The mean runs over the first `window` generated tokens.
 //!
 //! Every value is computed from the RAW model distribution (before penalties and temperature), so
 //! a threshold τ calibrated for a model holds whatever sampling settings a request uses. A τ only

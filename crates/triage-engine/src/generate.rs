@@ -134,12 +134,14 @@ pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// Generate for one request; `on_token` sees each token and the text it adds to the output
-/// (already cut at stop strings) as soon as it is produced, and returns `false` to cancel.
+/// Generate for one request. `on_token` sees each token and the text it adds to the output
+/// (already cut at stop strings) as soon as it is produced, and returns `false` to cancel; a
+/// last call with no token carries text held back until the end (an incomplete UTF-8 sequence or
+/// the start of a stop string that never completed). The streamed pieces add up to `text`.
 pub fn generate(
     model: &Model,
     request: &GenerateRequest,
-    mut on_token: impl FnMut(&TokenOutput, &str) -> bool,
+    mut on_token: impl FnMut(Option<&TokenOutput>, &str) -> bool,
 ) -> Result<GenerationOutput> {
     let params = &request.params;
     params.validate()?;
@@ -189,7 +191,7 @@ pub fn generate(
         let out = stop.push(&piece);
         text.push_str(&out.text);
         tokens.push(token);
-        let keep_going = on_token(tokens.last().expect("just pushed"), &out.text);
+        let keep_going = on_token(tokens.last(), &out.text);
         if out.matched.is_some() {
             finish_reason = FinishReason::Stop;
             break;
@@ -215,11 +217,17 @@ pub fn generate(
         logits = transformer.forward(&[id], &[pos], &[0], &mut cache)?;
     }
     if !stop.is_stopped() {
+        let mut tail = String::new();
         if let Some(rest) = decoder.flush(&model.tokenizer)? {
-            let out = stop.push(&rest);
-            text.push_str(&out.text);
+            tail.push_str(&stop.push(&rest).text);
         }
-        text.push_str(&stop.finish());
+        if !stop.is_stopped() {
+            tail.push_str(&stop.finish());
+        }
+        if !tail.is_empty() {
+            text.push_str(&tail);
+            on_token(None, &tail);
+        }
     }
     if let Some(m) = monitor.as_mut() {
         decision = Some(decision.unwrap_or_else(|| m.finish()));

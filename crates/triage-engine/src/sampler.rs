@@ -56,7 +56,8 @@ pub struct SamplingParams {
     pub stop: Vec<String>,
     /// Token ids that end generation (in addition to the model's end-of-sequence tokens).
     pub stop_token_ids: Vec<u32>,
-    /// Whether to return the logprob of each generated token.
+    /// Whether to return the logprob of each generated token, under the raw model distribution
+    /// (before penalties and temperature).
     pub logprobs: bool,
     /// How many of the most likely alternatives to return per token, at most
     /// [`MAX_TOP_LOGPROBS`]; needs `logprobs`.

@@ -249,22 +249,18 @@ fn str_arg(args: &[Value], idx: usize) -> std::result::Result<Option<&str>, Erro
 }
 
 fn python_str_method(s: &str, method: &str, args: &[Value]) -> std::result::Result<Value, Error> {
-    let strip_set = |chars: Option<&str>| -> Box<dyn Fn(char) -> bool> {
-        match chars {
-            Some(set) => {
-                let set = set.to_string();
-                Box::new(move |c| set.contains(c))
-            }
-            None => Box::new(char::is_whitespace),
-        }
-    };
     let rv = match method {
         "strip" | "lstrip" | "rstrip" => {
-            let strip = strip_set(str_arg(args, 0)?);
+            // Python strips whitespace by default, else any of the given characters.
+            let set: Option<Vec<char>> = str_arg(args, 0)?.map(|set| set.chars().collect());
+            let strip = |c: char| {
+                set.as_ref()
+                    .map_or(c.is_whitespace(), |set| set.contains(&c))
+            };
             Value::from(match method {
-                "lstrip" => s.trim_start_matches(|c| strip(c)),
-                "rstrip" => s.trim_end_matches(|c| strip(c)),
-                _ => s.trim_matches(|c| strip(c)),
+                "lstrip" => s.trim_start_matches(strip),
+                "rstrip" => s.trim_end_matches(strip),
+                _ => s.trim_matches(strip),
             })
         }
         "upper" => Value::from(s.to_uppercase()),

@@ -157,7 +157,7 @@ pub fn tiny_weights(spec: &TinySpec) -> Result<Vec<(String, Tensor)>> {
 
 /// A standard normal draw (SplitMix64 + Box-Muller): reproducible without a `rand` dependency.
 fn normal(state: &std::cell::Cell<u64>) -> f64 {
-    let mut next = || {
+    let next = || {
         let mut z = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
         state.set(z);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

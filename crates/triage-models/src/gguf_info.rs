@@ -244,7 +244,7 @@ pub(crate) fn elem_count_checked(info: &TensorInfo) -> Option<u64> {
 pub(crate) fn tensor_num_bytes(info: &TensorInfo) -> Option<u64> {
     let elems = elem_count_checked(info)?;
     let block = info.ggml_dtype.block_size() as u64;
-    if elems % block != 0 {
+    if !elems.is_multiple_of(block) {
         return None;
     }
     (elems / block).checked_mul(info.ggml_dtype.type_size() as u64)

@@ -129,7 +129,7 @@ pub fn requantize_gguf_noted(
         let qt = info.read(&mut reader, content.tensor_data_offset, &Device::Cpu)?;
         let qt = if !is_slow_on_cpu(qt.dtype()) {
             qt
-        } else if row_len(&qt) % TARGET_DTYPE.block_size() != 0 {
+        } else if !row_len(&qt).is_multiple_of(TARGET_DTYPE.block_size()) {
             num_kept_slow += 1;
             qt
         } else {

@@ -774,6 +774,13 @@ mod tests {
     }
 
     #[test]
+    fn text_tokenizer_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<TextTokenizer>();
+        assert_send_sync::<StreamDecoder>();
+    }
+
+    #[test]
     fn unknown_pre_tokenizer_is_refused() {
         let err = TextTokenizer::from_gguf(&toy_metadata("mystery")).unwrap_err();
         assert!(

@@ -320,7 +320,7 @@ pub(crate) fn exp_nonpositive(d: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let poly = p * r * r + r + 1.0;
     let n_int = (z.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     // 2^n as an f32 bit pattern; valid for n >= -126, which `d >= -87` guarantees.

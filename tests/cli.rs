@@ -1,0 +1,86 @@
+//! The `triage` binary end to end on tiny models: `generate --json` output shape, and bad input
+//! giving a clear error and a non-zero exit, never a panic.
+
+use std::process::{Command, Output};
+
+use candle_core::quantized::GgmlDType;
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+
+fn triage(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args(args)
+        .env("TRIAGE_HOME", std::env::temp_dir().join("triage-cli-test-home"))
+        .output()
+        .expect("run triage")
+}
+
+fn tiny(dir: &tempfile::TempDir) -> String {
+    let path = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::Q8_0).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn assert_clean_failure(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+}
+
+#[test]
+fn generate_json_has_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let out = triage(&["generate", "--model", &model, "--prompt", "the heat", "--max-tokens", "7", "--ignore-eos", "--seed", "3", "--temperature", "0.8", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["completion_tokens"], 7);
+    assert_eq!(v["prompt_tokens"], 6, "'the heat' is t,he,Ġ,he,a,t");
+    let tokens = v["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 7);
+    for t in tokens {
+        assert!(t["id"].is_u64() && t["text"].is_string());
+        assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(t["entropy"].as_f64().unwrap() >= 0.0);
+    }
+    let mean: f64 = tokens.iter().map(|t| t["entropy"].as_f64().unwrap()).sum::<f64>() / 7.0;
+    assert!((v["mean_entropy"]["value"].as_f64().unwrap() - mean).abs() < 1e-4);
+    assert_eq!(v["mean_entropy"]["unit"], "nats");
+    assert_eq!(v["mean_entropy"]["window"], 30);
+    assert!(v["timings"]["prefill_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["timings"]["decode_ms"].is_number());
+    assert!(v["text"].is_string());
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let truncated = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let truncated = truncated.to_string_lossy().into_owned();
+    let long_prompt = "x ".repeat(600); // the tiny model's context is 512
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["generate", "--model", "/no/such/model.gguf", "--prompt", "hi"], "no model"),
+        (vec!["generate", "--model", "qwen2.5-coder-0.5b", "--prompt", "hi"], "triage models fetch"),
+        (vec!["generate", "--model", &truncated, "--prompt", "hi"], "truncated"),
+        (vec!["generate", "--model", &model, "--prompt", &long_prompt], "exceeds the context length"),
+        (vec!["generate", "--model", &model, "--prompt", "hi", "--temperature", "-1"], "temperature"),
+        (vec!["generate", "--model", &model, "--prompt", "hi", "--top-p", "1.5"], "top_p"),
+        (vec!["generate", "--model", &model, "--prompt", "hi", "--max-tokens", "0"], "max_tokens"),
+        (vec!["generate", "--model", &model], "--prompt"),
+    ];
+    for (args, needle) in cases {
+        assert_clean_failure(&triage(&args), needle);
+    }
+}
+
+#[test]
+fn version_names_revision_and_features() {
+    let out = triage(&["--version"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("git ") && text.contains("features: cpu"), "{text}");
+}
