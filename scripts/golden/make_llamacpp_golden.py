@@ -10,7 +10,7 @@ the venv at /tmp/venv-ref). For each fixed prompt (raw text, no chat template) i
     decoding, so every prompt has exactly 32 ids to compare;
   - the logits after the prompt (first generated position): the top 20 ids with their values and
     the values at 256 fixed ids (a seeded random subset of the vocabulary) for a max-abs-diff check.
-Threads: 2; context: 2048; one sequence, evaluated in one batch per prompt then one token a step.
+K/V cache: f32 (type_k=type_v=GGML_TYPE_F32), as triage's. Threads: 2; context: 2048; one sequence, evaluated in one batch per prompt then one token a step.
 
 Usage, from the repository root:
     /tmp/venv-ref/bin/python scripts/golden/make_llamacpp_golden.py PATH/TO/model.gguf NAME
@@ -105,6 +105,10 @@ def main():
         n_threads=N_THREADS,
         n_threads_batch=N_THREADS,
         n_gpu_layers=0,
+        # f32 K/V like triage's cache: llama.cpp's default f16 cache alone moves SmolLM2's
+        # first-step logits by up to 1.3 and changes greedy continuations (measured 2026-11-29).
+        type_k=0,  # GGML_TYPE_F32
+        type_v=0,
         logits_all=False,
         seed=0,
         verbose=False,
@@ -118,6 +122,7 @@ def main():
         "script": "scripts/golden/make_llamacpp_golden.py",
         "llama_cpp_python_version": llama_cpp.__version__,
         "model": args.name,
+        "kv_cache_type": "f32",
         "gguf_file": args.gguf.name,
         "gguf_sha256": sha256(args.gguf),
         "general.name": llm.metadata.get("general.name"),

@@ -117,6 +117,11 @@ pub fn logits_reduce_packed(logits: &Tensor, k: usize) -> Result<Tensor> {
 }
 
 /// Fused reduction: one pass over each row of `[batch, vocab]` (or `[vocab]`) logits.
+///
+/// Logits may be `-inf` (masked tokens); a row with no finite logit gives `max = lse = -inf`,
+/// NaN entropy and NaN logprobs. NaN and `+inf` logits are not supported. Errors with
+/// [`OpsError::InvalidArgument`] for a rank other than 1 or 2, a vocabulary outside
+/// `1..=2^24`, `k > min(vocab, MAX_TOP_K)` or a dtype other than f32, f16 and bf16.
 pub fn logits_reduce(logits: &Tensor, k: usize) -> Result<Vec<LogitsStats>> {
     LogitsStats::from_packed_rows(&logits_reduce_packed(logits, k)?, k)
 }
