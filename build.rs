@@ -17,7 +17,11 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         features.push("cuda");
     }
-    let features = if features.is_empty() { "cpu".to_string() } else { features.join(",") };
+    let features = if features.is_empty() {
+        "cpu".to_string()
+    } else {
+        features.join(",")
+    };
     println!("cargo:rustc-env=TRIAGE_GIT_REV={rev}");
     println!("cargo:rustc-env=TRIAGE_FEATURES={features}");
     println!("cargo:rerun-if-changed=.git/HEAD");

@@ -3,7 +3,8 @@
 and thread count, in one run; prints each ratio triage/llama.cpp.
 
 Usage: benches/e2e_vs_llamacpp.py --triage target/release/triage [--models qwen2.5-coder-0.5b ...]
-Needs llama-cpp-python (built with GGML_NATIVE=OFF, AMX off, AVX-512 on; see scripts/golden/).
+Needs llama-cpp-python 0.3.36 built as scripts/golden/make_tokenizer_golden.py describes
+(GGML_NATIVE=OFF, AVX2/FMA/F16C on, AVX-512 and AMX off: this CPU has no AVX-512).
 """
 import argparse, json, os, subprocess, sys, time
 
@@ -28,6 +29,13 @@ def run_triage(binary, model_path, prompt, max_tokens, threads):
     return json.loads(out.stdout)
 
 
+def last_logits(llm):
+    import llama_cpp
+    import numpy as np
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),))
+
+
 def llama_prefill_decode(llm, prompt, decode_tokens):
     import numpy as np
     ids = llm.tokenize(prompt.encode(), add_bos=False, special=False)
@@ -37,7 +45,7 @@ def llama_prefill_decode(llm, prompt, decode_tokens):
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(decode_tokens):
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits(llm)))
         llm.eval([tok])
     decode_s = time.perf_counter() - t0
     return len(ids), prefill_s, decode_s

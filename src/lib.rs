@@ -6,7 +6,9 @@ pub mod catalog;
 pub mod fetch;
 pub mod resolve;
 
-pub use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold};
+pub use triage_engine::entropy_monitor::{
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold,
+};
 pub use triage_engine::generate::{
     generate, EntropySettings, FinishReason, GenerateRequest, GenerationOutput, Prompt, TokenOutput,
 };

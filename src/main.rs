@@ -7,8 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use triage::{
-    catalog, fetch, resolve, ChatMessage, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt,
-    SamplingParams,
+    catalog, fetch, resolve, ChatMessage, EntropySettings, GenerateRequest, LoadOptions, Model,
+    Prompt, SamplingParams,
 };
 
 #[derive(Parser)]
@@ -83,8 +83,12 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Models { command: ModelsCommand::Fetch { data, names } } => models_fetch(data, names),
-        Command::Models { command: ModelsCommand::List } => models_list(),
+        Command::Models {
+            command: ModelsCommand::Fetch { data, names },
+        } => models_fetch(data, names),
+        Command::Models {
+            command: ModelsCommand::List,
+        } => models_list(),
         Command::Generate(args) => generate(args),
     }
 }
@@ -98,14 +102,23 @@ fn models_fetch(data: bool, names: Vec<String>) -> Result<()> {
     };
     for outcome in fetch::fetch(&opts)? {
         for file in &outcome.files {
-            println!("{:<22} {:?} {} ({} bytes)", outcome.name, outcome.status, file.path.display(), file.size);
+            println!(
+                "{:<22} {:?} {} ({} bytes)",
+                outcome.name,
+                outcome.status,
+                file.path.display(),
+                file.size
+            );
         }
     }
     Ok(())
 }
 
 fn models_list() -> Result<()> {
-    println!("{:<22} {:<8} {:>8} {:>8}  {:<40} PATH", "NAME", "ARCH", "PARAMS", "CONTEXT", "QUANTIZATION");
+    println!(
+        "{:<22} {:<8} {:>8} {:>8}  {:<40} PATH",
+        "NAME", "ARCH", "PARAMS", "CONTEXT", "QUANTIZATION"
+    );
     for entry in catalog::CATALOG.iter().filter(|e| !e.is_data()) {
         match resolve::resolve_model(entry.name) {
             Ok((_, path)) if path.is_file() => {
@@ -116,13 +129,25 @@ fn models_list() -> Result<()> {
                     entry.name,
                     info.architecture.as_deref().unwrap_or("?"),
                     info.num_params as f64 / 1e6,
-                    info.context_length.map_or("?".to_string(), |c| c.to_string()),
+                    info.context_length
+                        .map_or("?".to_string(), |c| c.to_string()),
                     info.quantization_summary(),
                     path.display()
                 );
             }
-            Ok((_, path)) => println!("{:<22} {:<8} {:>8} {:>8}  {:<40} {}", entry.name, "bert", "-", "-", "safetensors", path.display()),
-            Err(_) => println!("{:<22} (not fetched: run `triage models fetch`)", entry.name),
+            Ok((_, path)) => println!(
+                "{:<22} {:<8} {:>8} {:>8}  {:<40} {}",
+                entry.name,
+                "bert",
+                "-",
+                "-",
+                "safetensors",
+                path.display()
+            ),
+            Err(_) => println!(
+                "{:<22} (not fetched: run `triage models fetch`)",
+                entry.name
+            ),
         }
     }
     Ok(())
@@ -163,7 +188,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
         let tokens: Vec<_> = output
             .tokens
             .iter()
-            .map(|t| json!({"id": t.id, "text": t.text, "logprob": t.logprob, "entropy": t.entropy}))
+            .map(
+                |t| json!({"id": t.id, "text": t.text, "logprob": t.logprob, "entropy": t.entropy}),
+            )
             .collect();
         let value = json!({
             "text": output.text,

@@ -10,7 +10,10 @@ use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 fn triage(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_triage"))
         .args(args)
-        .env("TRIAGE_HOME", std::env::temp_dir().join("triage-cli-test-home"))
+        .env(
+            "TRIAGE_HOME",
+            std::env::temp_dir().join("triage-cli-test-home"),
+        )
         .output()
         .expect("run triage")
 }
@@ -32,8 +35,26 @@ fn assert_clean_failure(out: &Output, needle: &str) {
 fn generate_json_has_the_documented_fields() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(&dir);
-    let out = triage(&["generate", "--model", &model, "--prompt", "the heat", "--max-tokens", "7", "--ignore-eos", "--seed", "3", "--temperature", "0.8", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = triage(&[
+        "generate",
+        "--model",
+        &model,
+        "--prompt",
+        "the heat",
+        "--max-tokens",
+        "7",
+        "--ignore-eos",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["completion_tokens"], 7);
     assert_eq!(v["prompt_tokens"], 6, "'the heat' is t,he,Ġ,he,a,t");
@@ -44,7 +65,11 @@ fn generate_json_has_the_documented_fields() {
         assert!(t["logprob"].as_f64().unwrap() <= 0.0);
         assert!(t["entropy"].as_f64().unwrap() >= 0.0);
     }
-    let mean: f64 = tokens.iter().map(|t| t["entropy"].as_f64().unwrap()).sum::<f64>() / 7.0;
+    let mean: f64 = tokens
+        .iter()
+        .map(|t| t["entropy"].as_f64().unwrap())
+        .sum::<f64>()
+        / 7.0;
     assert!((v["mean_entropy"]["value"].as_f64().unwrap() - mean).abs() < 1e-4);
     assert_eq!(v["mean_entropy"]["unit"], "nats");
     assert_eq!(v["mean_entropy"]["window"], 30);
@@ -63,13 +88,64 @@ fn bad_input_is_a_clear_error() {
     let truncated = truncated.to_string_lossy().into_owned();
     let long_prompt = "x ".repeat(600); // the tiny model's context is 512
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["generate", "--model", "/no/such/model.gguf", "--prompt", "hi"], "no model"),
-        (vec!["generate", "--model", "qwen2.5-coder-0.5b", "--prompt", "hi"], "triage models fetch"),
-        (vec!["generate", "--model", &truncated, "--prompt", "hi"], "truncated"),
-        (vec!["generate", "--model", &model, "--prompt", &long_prompt], "exceeds the context length"),
-        (vec!["generate", "--model", &model, "--prompt", "hi", "--temperature", "-1"], "temperature"),
-        (vec!["generate", "--model", &model, "--prompt", "hi", "--top-p", "1.5"], "top_p"),
-        (vec!["generate", "--model", &model, "--prompt", "hi", "--max-tokens", "0"], "max_tokens"),
+        (
+            vec![
+                "generate",
+                "--model",
+                "/no/such/model.gguf",
+                "--prompt",
+                "hi",
+            ],
+            "no model",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                "qwen2.5-coder-0.5b",
+                "--prompt",
+                "hi",
+            ],
+            "triage models fetch",
+        ),
+        (
+            vec!["generate", "--model", &truncated, "--prompt", "hi"],
+            "truncated",
+        ),
+        (
+            vec!["generate", "--model", &model, "--prompt", &long_prompt],
+            "exceeds the context length",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                &model,
+                "--prompt",
+                "hi",
+                "--temperature",
+                "-1",
+            ],
+            "temperature",
+        ),
+        (
+            vec![
+                "generate", "--model", &model, "--prompt", "hi", "--top-p", "1.5",
+            ],
+            "top_p",
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                &model,
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "0",
+            ],
+            "max_tokens",
+        ),
         (vec!["generate", "--model", &model], "--prompt"),
     ];
     for (args, needle) in cases {
@@ -82,5 +158,8 @@ fn version_names_revision_and_features() {
     let out = triage(&["--version"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(text.contains("git ") && text.contains("features: cpu"), "{text}");
+    assert!(
+        text.contains("git ") && text.contains("features: cpu"),
+        "{text}"
+    );
 }

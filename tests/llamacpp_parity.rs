@@ -12,28 +12,43 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use triage::{generate, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams};
+use triage::{
+    generate, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams,
+};
 use triage_models::attention::ContiguousKvCache;
 
 fn golden(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/llamacpp_{name}.json"));
-    serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file")).expect("golden json")
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("tests/golden/llamacpp_{name}.json"));
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file"))
+        .expect("golden json")
 }
 
 fn fetched(name: &str) -> Model {
     let path = triage_models::paths::fetched_gguf(name);
-    assert!(path.exists(), "{} missing: run `triage models fetch {name}` (scripts/test does)", path.display());
+    assert!(
+        path.exists(),
+        "{} missing: run `triage models fetch {name}` (scripts/test does)",
+        path.display()
+    );
     Model::load(name, &path, &LoadOptions::default()).expect("load model")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn first_logits(model: &Model, prompt_ids: &[u32]) -> Vec<f32> {
     let mut cache = ContiguousKvCache::new(model.transformer.config().num_layers);
     let positions: Vec<u32> = (0..prompt_ids.len() as u32).collect();
-    let logits = model.transformer.forward(prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache).unwrap();
+    let logits = model
+        .transformer
+        .forward(prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache)
+        .unwrap();
     logits.flatten_all().unwrap().to_vec1::<f32>().unwrap()
 }
 
@@ -61,7 +76,10 @@ fn check_model(name: &str, max_logit_diff: f32, strict_top5: bool) {
     for case in cases {
         let prompt = case["prompt"].as_str().unwrap();
         let prompt_ids = ids(&case["prompt_ids"]);
-        let ours = model.tokenizer.encode(prompt, model.tokenizer.add_bos(), true).unwrap();
+        let ours = model
+            .tokenizer
+            .encode(prompt, model.tokenizer.add_bos(), true)
+            .unwrap();
         assert_eq!(ours, prompt_ids, "{name}: prompt ids of {prompt:?}");
 
         let logits = first_logits(&model, &prompt_ids);
@@ -71,11 +89,20 @@ fn check_model(name: &str, max_logit_diff: f32, strict_top5: bool) {
         let reference: Vec<(u32, f32)> = top
             .iter()
             .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
-            .chain(sampled.iter().copied().zip(
-                case["first_logits"]["sampled"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32),
-            ))
+            .chain(
+                sampled.iter().copied().zip(
+                    case["first_logits"]["sampled"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap() as f32),
+                ),
+            )
             .collect();
-        let diff = reference.iter().map(|&(id, v)| (logits[id as usize] - v).abs()).fold(0f32, f32::max);
+        let diff = reference
+            .iter()
+            .map(|&(id, v)| (logits[id as usize] - v).abs())
+            .fold(0f32, f32::max);
         worst = worst.max(diff);
         let top5: BTreeSet<u32> = order[..5].iter().copied().collect();
         let top5_ref: BTreeSet<u32> = reference[..5].iter().map(|p| p.0).collect();
@@ -84,19 +111,32 @@ fn check_model(name: &str, max_logit_diff: f32, strict_top5: bool) {
             assert_eq!(top5, top5_ref, "{name}: top-5 of {prompt:?}");
         } else {
             let top10_ref: BTreeSet<u32> = reference[..10].iter().map(|p| p.0).collect();
-            assert!(top5.is_subset(&top10_ref), "{name}: top-5 of {prompt:?} outside llama.cpp's top-10");
+            assert!(
+                top5.is_subset(&top10_ref),
+                "{name}: top-5 of {prompt:?} outside llama.cpp's top-10"
+            );
         }
 
         let tokens = greedy(&model, &prompt_ids);
         let expected = ids(&case["generated_ids"]);
-        let same = tokens.iter().zip(&expected).take_while(|(a, b)| a == b).count();
+        let same = tokens
+            .iter()
+            .zip(&expected)
+            .take_while(|(a, b)| a == b)
+            .count();
         eprintln!("{name}: {prompt:?}: logit diff {diff:.3}, greedy agrees on {same}/32");
         assert!(same >= 1, "{name}: first greedy token of {prompt:?}");
         identical += usize::from(same == expected.len());
     }
-    eprintln!("{name}: max abs logit diff {worst:.3}; {identical}/{} greedy runs identical", cases.len());
+    eprintln!(
+        "{name}: max abs logit diff {worst:.3}; {identical}/{} greedy runs identical",
+        cases.len()
+    );
     assert!(worst < max_logit_diff, "{name}: max abs logit diff {worst}");
-    assert!(identical + 1 >= cases.len(), "{name}: only {identical} identical greedy runs");
+    assert!(
+        identical + 1 >= cases.len(),
+        "{name}: only {identical} identical greedy runs"
+    );
 }
 
 #[test]

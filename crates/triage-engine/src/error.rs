@@ -11,7 +11,10 @@ pub enum EngineError {
     #[error("model: {0}")]
     Model(#[from] triage_models::ModelError),
     #[error("invalid sampling parameter {param}: {message}")]
-    InvalidSampling { param: &'static str, message: String },
+    InvalidSampling {
+        param: &'static str,
+        message: String,
+    },
     #[error("prompt of {prompt_tokens} tokens (+{max_tokens} to generate) exceeds the context length {context_length}")]
     ContextOverflow {
         prompt_tokens: usize,

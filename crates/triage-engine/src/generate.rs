@@ -10,7 +10,9 @@ use triage_models::chat_template::ChatMessage;
 use triage_models::model::Model;
 use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 
-use crate::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, DEFAULT_WINDOW};
+use crate::entropy_monitor::{
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, DEFAULT_WINDOW,
+};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::StopChecker;
 use crate::{EngineError, Result};
@@ -121,7 +123,9 @@ pub struct GenerationOutput {
 pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
     let ids = match prompt {
         Prompt::Tokens(ids) => ids.clone(),
-        Prompt::Text(text) => model.tokenizer.encode(text, model.tokenizer.add_bos(), false)?,
+        Prompt::Text(text) => model
+            .tokenizer
+            .encode(text, model.tokenizer.add_bos(), false)?,
         Prompt::Chat(messages) => {
             let text = model.chat_template.render(messages, true)?;
             // The template writes its own special tokens (BOS included when the model wants it).
@@ -152,7 +156,12 @@ pub fn generate(
     let mut sampler = Sampler::new(params.clone(), &prompt_ids)?;
     let mut stop = StopChecker::new(&params.stop)?;
     let mut monitor = match settings.threshold {
-        Some(tau) => Some(EntropyMonitor::new(tau, settings.window, settings.estimator, settings.unit)?),
+        Some(tau) => Some(EntropyMonitor::new(
+            tau,
+            settings.window,
+            settings.estimator,
+            settings.unit,
+        )?),
         None => None,
     };
     let top_k = reduction_k(params, settings.estimator);
@@ -162,7 +171,8 @@ pub fn generate(
 
     let start = Instant::now();
     let positions: Vec<u32> = (0..prompt_ids.len() as u32).collect();
-    let mut logits = transformer.forward(&prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache)?;
+    let mut logits =
+        transformer.forward(&prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache)?;
     let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
     let decode_start = Instant::now();
 
@@ -174,18 +184,26 @@ pub fn generate(
         let (stats, row) = reduce_row(&logits, top_k)?;
         let id = sampler.sample(&row)?;
         let logprob = row[id as usize] - stats.log_sum_exp;
-        let is_eos = (!params.ignore_eos && model.tokenizer.is_eos(id)) || params.stop_token_ids.contains(&id);
+        let is_eos = (!params.ignore_eos && model.tokenizer.is_eos(id))
+            || params.stop_token_ids.contains(&id);
         if is_eos {
             finish_reason = FinishReason::Stop;
             break;
         }
-        let value = settings.estimator.step_value(&stats, logprob, settings.unit)?;
+        let value = settings
+            .estimator
+            .step_value(&stats, logprob, settings.unit)?;
         let token = TokenOutput {
             id,
             text: model.tokenizer.decode(&[id], false)?,
             logprob,
             entropy: value,
-            top_logprobs: stats.top_k.iter().take(params.top_logprobs).copied().collect(),
+            top_logprobs: stats
+                .top_k
+                .iter()
+                .take(params.top_logprobs)
+                .copied()
+                .collect(),
         };
         let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
         let out = stop.push(&piece);
@@ -234,7 +252,13 @@ pub fn generate(
     }
     let window_len = tokens.len().min(settings.window);
     let mean = (window_len > 0)
-        .then(|| tokens[..window_len].iter().map(|t| t.entropy as f64).sum::<f64>() / window_len as f64)
+        .then(|| {
+            tokens[..window_len]
+                .iter()
+                .map(|t| t.entropy as f64)
+                .sum::<f64>()
+                / window_len as f64
+        })
         .map(|m| m as f32);
     Ok(GenerationOutput {
         text,
@@ -257,7 +281,11 @@ pub fn generate(
 
 /// How many tokens may be generated: `max_tokens` if it fits, else an error; the rest of the
 /// context when unset.
-pub fn resolve_max_tokens(prompt_tokens: usize, max_tokens: Option<usize>, context_length: usize) -> Result<usize> {
+pub fn resolve_max_tokens(
+    prompt_tokens: usize,
+    max_tokens: Option<usize>,
+    context_length: usize,
+) -> Result<usize> {
     let room = context_length.saturating_sub(prompt_tokens);
     match max_tokens {
         _ if room == 0 => Err(EngineError::ContextOverflow {
@@ -287,7 +315,9 @@ fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {
 /// Reduce the single logits row and copy it to the host for the sampler.
 fn reduce_row(logits: &Tensor, k: usize) -> Result<(LogitsStats, Vec<f32>)> {
     let mut stats = logits_reduce(logits, k)?;
-    let stats = stats.pop().ok_or_else(|| EngineError::Invalid("empty logits".into()))?;
+    let stats = stats
+        .pop()
+        .ok_or_else(|| EngineError::Invalid("empty logits".into()))?;
     let row = logits.flatten_all()?.to_vec1::<f32>()?;
     Ok((stats, row))
 }

@@ -88,7 +88,10 @@ fn greedy_matches_the_argmax_logprob_and_top_logprobs_are_sorted() {
     let out = generate(&model, &request("the heat", params), |_, _| true).unwrap();
     for t in &out.tokens {
         assert_eq!(t.top_logprobs.len(), 5);
-        assert_eq!(t.top_logprobs[0].0, t.id, "greedy picks the most likely token");
+        assert_eq!(
+            t.top_logprobs[0].0, t.id,
+            "greedy picks the most likely token"
+        );
         assert!((t.top_logprobs[0].1 - t.logprob).abs() < 1e-4);
         assert!(t.top_logprobs.windows(2).all(|w| w[0].1 >= w[1].1));
     }
@@ -153,9 +156,21 @@ fn threshold_decides_and_can_stop_early() {
 fn bad_requests_are_errors() {
     let (_dir, model) = tiny_model(Architecture::Qwen2);
     let too_long = request("the heat", sampled(1, 600)); // context is 512
-    assert!(matches!(generate(&model, &too_long, |_, _| true), Err(EngineError::ContextOverflow { .. })));
-    let bad_temp = request("x", SamplingParams { temperature: -1.0, ..Default::default() });
-    assert!(matches!(generate(&model, &bad_temp, |_, _| true), Err(EngineError::InvalidSampling { .. })));
+    assert!(matches!(
+        generate(&model, &too_long, |_, _| true),
+        Err(EngineError::ContextOverflow { .. })
+    ));
+    let bad_temp = request(
+        "x",
+        SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        },
+    );
+    assert!(matches!(
+        generate(&model, &bad_temp, |_, _| true),
+        Err(EngineError::InvalidSampling { .. })
+    ));
     let empty = request("", sampled(1, 4));
     assert!(generate(&model, &empty, |_, _| true).is_err());
     let bad_token = GenerateRequest {

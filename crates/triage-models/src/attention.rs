@@ -43,7 +43,10 @@ impl ContiguousKvCache {
 
     /// Tokens stored (in layer 0).
     pub fn seq_len(&self) -> usize {
-        self.layers.first().and_then(|l| l.as_ref()).map_or(0, |l| l.len)
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map_or(0, |l| l.len)
     }
 
     /// Forget everything.
@@ -89,7 +92,10 @@ impl ContiguousKvCache {
         layer.k.slice_set(&k.contiguous()?, 1, layer.len)?;
         layer.v.slice_set(&v.contiguous()?, 1, layer.len)?;
         layer.len += n;
-        Ok((layer.k.narrow(1, 0, layer.len)?, layer.v.narrow(1, 0, layer.len)?))
+        Ok((
+            layer.k.narrow(1, 0, layer.len)?,
+            layer.v.narrow(1, 0, layer.len)?,
+        ))
     }
 }
 
@@ -126,7 +132,9 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
     while start < n {
         let rows = QUERY_CHUNK.min(n - start);
         let keys = past + start + rows; // keys visible to the last row of this chunk
-        let q_c = q.narrow(2, start, rows)?.reshape((kv_heads, groups * rows, head_dim))?;
+        let q_c = q
+            .narrow(2, start, rows)?
+            .reshape((kv_heads, groups * rows, head_dim))?;
         let k_c = k_t.narrow(2, 0, keys)?;
         let v_c = v.narrow(1, 0, keys)?;
         let mut scores = (q_c.matmul(&k_c)? * scale)?; // [kv_heads, groups*rows, keys]
@@ -154,7 +162,15 @@ pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
 /// `[rows, keys]` additive mask: row `r` (position `first_pos + r`) sees keys `0..=first_pos + r`.
 fn causal_mask(rows: usize, keys: usize, first_pos: usize, device: &Device) -> Result<Tensor> {
     let mask: Vec<f32> = (0..rows)
-        .flat_map(|r| (0..keys).map(move |j| if j <= first_pos + r { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|r| {
+            (0..keys).map(move |j| {
+                if j <= first_pos + r {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Ok(Tensor::from_vec(mask, (rows, keys), device)?.to_dtype(DType::F32)?)
 }
@@ -174,7 +190,9 @@ pub fn causal_attention_slow(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tenso
         let probs = candle_nn::ops::softmax(&(scores + mask)?, 1)?;
         heads.push(probs.matmul(&vh)?);
     }
-    Ok(Tensor::stack(&heads, 0)?.transpose(0, 1)?.reshape((n, num_heads * head_dim))?)
+    Ok(Tensor::stack(&heads, 0)?
+        .transpose(0, 1)?
+        .reshape((n, num_heads * head_dim))?)
 }
 
 #[cfg(test)]
@@ -186,7 +204,16 @@ mod tests {
     }
 
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
     }
 
     #[test]
@@ -212,7 +239,12 @@ mod tests {
         let mut parts = Vec::new();
         for (start, len) in [(0, 30), (30, 1), (31, 9)] {
             let part = steps
-                .attend(0, &q.narrow(1, start, len).unwrap(), &k.narrow(1, start, len).unwrap(), &v.narrow(1, start, len).unwrap())
+                .attend(
+                    0,
+                    &q.narrow(1, start, len).unwrap(),
+                    &k.narrow(1, start, len).unwrap(),
+                    &v.narrow(1, start, len).unwrap(),
+                )
                 .unwrap();
             parts.push(part);
         }

@@ -89,13 +89,13 @@ impl ModelConfig {
         if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_layers == 0 {
             return bad(format!("{self:?}"));
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} heads is not a multiple of {} kv heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 || self.head_dim == 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even", self.head_dim));
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.context_length == 0 {
@@ -129,13 +129,17 @@ impl ModelConfig {
             },
             head_dim,
             rope_theta: match md.get(&key("rope.freq_base")) {
-                Some(v) => v.to_f32().map_err(|e| bad_value(&key("rope.freq_base"), e))?,
+                Some(v) => v
+                    .to_f32()
+                    .map_err(|e| bad_value(&key("rope.freq_base"), e))?,
                 None => spec.default_rope_theta,
             },
             rope_style: spec.gguf_rope,
             rms_norm_eps: md
                 .get(&key("attention.layer_norm_rms_epsilon"))
-                .ok_or_else(|| ModelError::MissingMetadata(key("attention.layer_norm_rms_epsilon")))?
+                .ok_or_else(|| {
+                    ModelError::MissingMetadata(key("attention.layer_norm_rms_epsilon"))
+                })?
                 .to_f32()
                 .map_err(|e| bad_value(&key("attention.layer_norm_rms_epsilon"), e))?
                 as f64,
@@ -178,7 +182,10 @@ impl ModelConfig {
                 .map(|v| v as f32)
                 .unwrap_or(spec.default_rope_theta),
             rope_style: spec.hf_rope,
-            rms_norm_eps: json.get("rms_norm_eps").and_then(|v| v.as_f64()).unwrap_or(1e-6),
+            rms_norm_eps: json
+                .get("rms_norm_eps")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(1e-6),
             context_length: get("max_position_embeddings")?,
             qkv_bias: spec.qkv_bias,
             tie_embeddings: json
@@ -206,7 +213,9 @@ pub fn md_str<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<&'a str> 
 
 /// An integer metadata value of any width.
 pub fn md_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize> {
-    let v = md.get(key).ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
+    let v = md
+        .get(key)
+        .ok_or_else(|| ModelError::MissingMetadata(key.to_string()))?;
     value_usize(v, key)
 }
 

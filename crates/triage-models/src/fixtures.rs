@@ -82,7 +82,9 @@ pub fn tiny_tokenizer_metadata(arch: Architecture) -> Vec<(String, Value)> {
     tokens.push("he".into());
     tokens.push("\u{120}t".into()); // "Ġt": a space then 't'
     tokens.extend(["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from));
-    let types: Vec<Value> = (0..TINY_VOCAB).map(|i| Value::I32(if i < 258 { 1 } else { 3 })).collect();
+    let types: Vec<Value> = (0..TINY_VOCAB)
+        .map(|i| Value::I32(if i < 258 { 1 } else { 3 }))
+        .collect();
     let merges = ["h e", "\u{120} t"];
     let pre = match arch {
         Architecture::Qwen2 => "qwen2",
@@ -91,13 +93,33 @@ pub fn tiny_tokenizer_metadata(arch: Architecture) -> Vec<(String, Value)> {
     vec![
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String(pre.into())),
-        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.into_iter().map(Value::String).collect())),
-        ("tokenizer.ggml.merges".into(), Value::Array(merges.iter().map(|m| Value::String(m.to_string())).collect())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(
+                merges
+                    .iter()
+                    .map(|m| Value::String(m.to_string()))
+                    .collect(),
+            ),
+        ),
         ("tokenizer.ggml.token_type".into(), Value::Array(types)),
-        ("tokenizer.ggml.bos_token_id".into(), Value::U32(TINY_ENDOFTEXT)),
-        ("tokenizer.ggml.eos_token_id".into(), Value::U32(TINY_IM_END)),
+        (
+            "tokenizer.ggml.bos_token_id".into(),
+            Value::U32(TINY_ENDOFTEXT),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id".into(),
+            Value::U32(TINY_IM_END),
+        ),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-        ("tokenizer.chat_template".into(), Value::String(CHAT_TEMPLATE.into())),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(CHAT_TEMPLATE.into()),
+        ),
     ]
 }
 
@@ -105,14 +127,38 @@ fn model_metadata(spec: &TinySpec) -> Vec<(String, Value)> {
     let a = spec.arch.name();
     let mut md = vec![
         ("general.architecture".to_string(), Value::String(a.into())),
-        ("general.name".to_string(), Value::String(format!("tiny-{a}"))),
-        (format!("{a}.context_length"), Value::U32(spec.context_length as u32)),
-        (format!("{a}.embedding_length"), Value::U32(spec.hidden_size as u32)),
-        (format!("{a}.block_count"), Value::U32(spec.num_layers as u32)),
-        (format!("{a}.feed_forward_length"), Value::U32(spec.intermediate_size as u32)),
-        (format!("{a}.attention.head_count"), Value::U32(spec.num_heads as u32)),
-        (format!("{a}.attention.head_count_kv"), Value::U32(spec.num_kv_heads as u32)),
-        (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (
+            "general.name".to_string(),
+            Value::String(format!("tiny-{a}")),
+        ),
+        (
+            format!("{a}.context_length"),
+            Value::U32(spec.context_length as u32),
+        ),
+        (
+            format!("{a}.embedding_length"),
+            Value::U32(spec.hidden_size as u32),
+        ),
+        (
+            format!("{a}.block_count"),
+            Value::U32(spec.num_layers as u32),
+        ),
+        (
+            format!("{a}.feed_forward_length"),
+            Value::U32(spec.intermediate_size as u32),
+        ),
+        (
+            format!("{a}.attention.head_count"),
+            Value::U32(spec.num_heads as u32),
+        ),
+        (
+            format!("{a}.attention.head_count_kv"),
+            Value::U32(spec.num_kv_heads as u32),
+        ),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
         (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
     ];
     md.extend(tiny_tokenizer_metadata(spec.arch));
@@ -130,19 +176,43 @@ pub fn tiny_weights(spec: &TinySpec) -> Result<Vec<(String, Tensor)>> {
         Ok(Tensor::from_vec(values, shape, dev)?)
     };
     let norm = |n: usize| -> Result<Tensor> { Ok((randn(&[n], 0.1)? + 1.0)?) };
-    let mut w = vec![("token_embd.weight".to_string(), randn(&[TINY_VOCAB, h], 1.0)?)];
+    let mut w = vec![(
+        "token_embd.weight".to_string(),
+        randn(&[TINY_VOCAB, h], 1.0)?,
+    )];
     for l in 0..spec.num_layers {
         let p = format!("blk.{l}");
         w.push((format!("{p}.attn_norm.weight"), norm(h)?));
-        w.push((format!("{p}.attn_q.weight"), randn(&[spec.num_heads * d, h], 0.2)?));
-        w.push((format!("{p}.attn_k.weight"), randn(&[spec.num_kv_heads * d, h], 0.2)?));
-        w.push((format!("{p}.attn_v.weight"), randn(&[spec.num_kv_heads * d, h], 0.2)?));
+        w.push((
+            format!("{p}.attn_q.weight"),
+            randn(&[spec.num_heads * d, h], 0.2)?,
+        ));
+        w.push((
+            format!("{p}.attn_k.weight"),
+            randn(&[spec.num_kv_heads * d, h], 0.2)?,
+        ));
+        w.push((
+            format!("{p}.attn_v.weight"),
+            randn(&[spec.num_kv_heads * d, h], 0.2)?,
+        ));
         if spec.arch == Architecture::Qwen2 {
-            w.push((format!("{p}.attn_q.bias"), randn(&[spec.num_heads * d], 0.1)?));
-            w.push((format!("{p}.attn_k.bias"), randn(&[spec.num_kv_heads * d], 0.1)?));
-            w.push((format!("{p}.attn_v.bias"), randn(&[spec.num_kv_heads * d], 0.1)?));
+            w.push((
+                format!("{p}.attn_q.bias"),
+                randn(&[spec.num_heads * d], 0.1)?,
+            ));
+            w.push((
+                format!("{p}.attn_k.bias"),
+                randn(&[spec.num_kv_heads * d], 0.1)?,
+            ));
+            w.push((
+                format!("{p}.attn_v.bias"),
+                randn(&[spec.num_kv_heads * d], 0.1)?,
+            ));
         }
-        w.push((format!("{p}.attn_output.weight"), randn(&[h, spec.num_heads * d], 0.2)?));
+        w.push((
+            format!("{p}.attn_output.weight"),
+            randn(&[h, spec.num_heads * d], 0.2)?,
+        ));
         w.push((format!("{p}.ffn_norm.weight"), norm(h)?));
         w.push((format!("{p}.ffn_gate.weight"), randn(&[i, h], 0.2)?));
         w.push((format!("{p}.ffn_up.weight"), randn(&[i, h], 0.2)?));
@@ -174,7 +244,9 @@ fn normal(state: &std::cell::Cell<u64>) -> f64 {
 fn permute_for_interleaved_rope(w: &Tensor, num_heads: usize) -> Result<Tensor> {
     let (rows, cols) = w.dims2()?;
     let d = rows / num_heads;
-    Ok(w.reshape((num_heads, 2, d / 2, cols))?.transpose(1, 2)?.reshape((rows, cols))?)
+    Ok(w.reshape((num_heads, 2, d / 2, cols))?
+        .transpose(1, 2)?
+        .reshape((rows, cols))?)
 }
 
 /// Write the tiny model as GGUF; 2-D weights in `matrix_dtype` (e.g. Q8_0 or F32), the rest F32.
@@ -188,7 +260,11 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec, matrix_dtype: GgmlDType) ->
         } else {
             t
         };
-        let dtype = if t.rank() == 2 { matrix_dtype } else { GgmlDType::F32 };
+        let dtype = if t.rank() == 2 {
+            matrix_dtype
+        } else {
+            GgmlDType::F32
+        };
         qtensors.push((name, QTensor::quantize(&t, dtype)?));
     }
     let md = model_metadata(spec);

@@ -23,15 +23,28 @@ pub struct Linear {
 impl Linear {
     /// Build from a stored weight. A quantized weight keeps its blocks for decode and, when
     /// `dense_copy` is set, also an f32 copy for multi-row (prefill) products.
-    pub fn new(weight: Weight, bias: Option<Tensor>, dense_copy: bool, device: &Device) -> Result<Self> {
+    pub fn new(
+        weight: Weight,
+        bias: Option<Tensor>,
+        dense_copy: bool,
+        device: &Device,
+    ) -> Result<Self> {
         let (quantized, dense) = match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => {
-                let dense = if dense_copy { Some(q.dequantize(device)?) } else { None };
+                let dense = if dense_copy {
+                    Some(q.dequantize(device)?)
+                } else {
+                    None
+                };
                 (Some(QMatMul::from_arc(q)?), dense)
             }
             other => (None, Some(other.to_dense_f32(device)?)),
         };
-        Ok(Self { quantized, dense, bias })
+        Ok(Self {
+            quantized,
+            dense,
+            bias,
+        })
     }
 
     /// Output features.
@@ -40,7 +53,9 @@ impl Linear {
             (Some(d), _) => Ok(d.dim(0)?),
             (None, Some(QMatMul::QTensor(q))) => Ok(q.shape().dims()[0]),
             (None, Some(QMatMul::Tensor(t) | QMatMul::TensorF16(t))) => Ok(t.dim(0)?),
-            (None, None) => Err(crate::ModelError::Invalid("linear layer without weight".into())),
+            (None, None) => Err(crate::ModelError::Invalid(
+                "linear layer without weight".into(),
+            )),
         }
     }
 
@@ -51,7 +66,11 @@ impl Linear {
             (Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => x.matmul(&w.t()?)?,
             (Some(q), _) => q.forward(x)?,
             (None, Some(w)) => x.matmul(&w.t()?)?,
-            (None, None) => return Err(crate::ModelError::Invalid("linear layer without weight".into())),
+            (None, None) => {
+                return Err(crate::ModelError::Invalid(
+                    "linear layer without weight".into(),
+                ))
+            }
         };
         match &self.bias {
             Some(b) => Ok(y.broadcast_add(b)?),
@@ -100,7 +119,10 @@ impl Embedding {
         let hidden_size = dims.get(1).copied().ok_or_else(|| {
             crate::ModelError::Invalid(format!("embedding must be 2-D, got {dims:?}"))
         })?;
-        Ok(Self { weight, hidden_size })
+        Ok(Self {
+            weight,
+            hidden_size,
+        })
     }
 
     /// Rows of the table (the vocabulary size).
@@ -132,7 +154,13 @@ pub struct RotaryEmbedding {
 }
 
 impl RotaryEmbedding {
-    pub fn new(head_dim: usize, max_positions: usize, theta: f32, style: RopeStyle, device: &Device) -> Result<Self> {
+    pub fn new(
+        head_dim: usize,
+        max_positions: usize,
+        theta: f32,
+        style: RopeStyle,
+        device: &Device,
+    ) -> Result<Self> {
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))

@@ -35,10 +35,11 @@ pub fn load_weights(path: &Path, opts: &LoadOptions) -> Result<LoadedWeights> {
             path: config_path.clone(),
             source,
         })?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::InvalidModel {
-            path: config_path.clone(),
-            message: e.to_string(),
-        })?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::InvalidModel {
+                path: config_path.clone(),
+                message: e.to_string(),
+            })?;
         let mut config = ModelConfig::from_hf_json(&json)?;
         let mut source = WeightSource::open_safetensors_dir(path)?;
         if !source.contains("output.weight") {
@@ -60,7 +61,9 @@ pub fn load_weights(path: &Path, opts: &LoadOptions) -> Result<LoadedWeights> {
             message: "no token_embd.weight tensor".into(),
         })?;
     let tie = !source.contains("output.weight");
-    let md = source.gguf_metadata().ok_or_else(|| ModelError::Invalid("gguf without metadata".into()))?;
+    let md = source
+        .gguf_metadata()
+        .ok_or_else(|| ModelError::Invalid("gguf without metadata".into()))?;
     let config = ModelConfig::from_gguf(md, vocab_size, tie)?;
     let transformer = Transformer::load(config, &mut source, opts)?;
     Ok(LoadedWeights {
@@ -87,7 +90,9 @@ impl Model {
         let loaded = load_weights(path, opts)?;
         let tokenizer = match (&loaded.format, loaded.source.gguf_metadata()) {
             (ModelFormat::Gguf, Some(md)) => crate::tokenizer::TextTokenizer::from_gguf(md)?,
-            _ => crate::tokenizer::TextTokenizer::from_tokenizer_json(&path.join("tokenizer.json"))?,
+            _ => {
+                crate::tokenizer::TextTokenizer::from_tokenizer_json(&path.join("tokenizer.json"))?
+            }
         };
         let chat_template = match tokenizer.chat_template() {
             Some(source) => crate::chat_template::ChatTemplate::new(

@@ -7,7 +7,9 @@ pub fn triage_home() -> PathBuf {
     if let Some(home) = std::env::var_os("TRIAGE_HOME") {
         return PathBuf::from(home);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("triage")
 }
 

@@ -56,7 +56,11 @@ impl Default for LoadOptions {
 
 impl Transformer {
     /// Build the model from its config and a weight source.
-    pub fn load(config: ModelConfig, weights: &mut WeightSource, opts: &LoadOptions) -> Result<Self> {
+    pub fn load(
+        config: ModelConfig,
+        weights: &mut WeightSource,
+        opts: &LoadOptions,
+    ) -> Result<Self> {
         let dev = &opts.device;
         let dense = opts.dense_prefill;
         let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
@@ -72,12 +76,20 @@ impl Transformer {
         for i in 0..config.num_layers {
             let p = format!("blk.{i}");
             let layer = DecoderLayer {
-                attn_norm: RmsNorm::new(weights.get(&format!("{p}.attn_norm.weight"), dev)?, config.rms_norm_eps, dev)?,
+                attn_norm: RmsNorm::new(
+                    weights.get(&format!("{p}.attn_norm.weight"), dev)?,
+                    config.rms_norm_eps,
+                    dev,
+                )?,
                 q: linear(weights, &format!("{p}.attn_q"), config.qkv_bias)?,
                 k: linear(weights, &format!("{p}.attn_k"), config.qkv_bias)?,
                 v: linear(weights, &format!("{p}.attn_v"), config.qkv_bias)?,
                 o: linear(weights, &format!("{p}.attn_output"), false)?,
-                ffn_norm: RmsNorm::new(weights.get(&format!("{p}.ffn_norm.weight"), dev)?, config.rms_norm_eps, dev)?,
+                ffn_norm: RmsNorm::new(
+                    weights.get(&format!("{p}.ffn_norm.weight"), dev)?,
+                    config.rms_norm_eps,
+                    dev,
+                )?,
                 mlp: Mlp {
                     gate: linear(weights, &format!("{p}.ffn_gate"), false)?,
                     up: linear(weights, &format!("{p}.ffn_up"), false)?,
@@ -93,9 +105,19 @@ impl Transformer {
         } else {
             Linear::new(weights.get("output.weight", dev)?, None, false, dev)?
         };
-        let norm = RmsNorm::new(weights.get("output_norm.weight", dev)?, config.rms_norm_eps, dev)?;
+        let norm = RmsNorm::new(
+            weights.get("output_norm.weight", dev)?,
+            config.rms_norm_eps,
+            dev,
+        )?;
         let positions = config.context_length.min(MAX_ROPE_POSITIONS);
-        let rope = RotaryEmbedding::new(config.head_dim, positions, config.rope_theta, config.rope_style, dev)?;
+        let rope = RotaryEmbedding::new(
+            config.head_dim,
+            positions,
+            config.rope_theta,
+            config.rope_style,
+            dev,
+        )?;
         Self::check_shapes(&config, &embed, &layers)?;
         Ok(Self {
             config,
@@ -108,11 +130,18 @@ impl Transformer {
         })
     }
 
-    fn check_shapes(config: &ModelConfig, embed: &Embedding, layers: &[DecoderLayer]) -> Result<()> {
+    fn check_shapes(
+        config: &ModelConfig,
+        embed: &Embedding,
+        layers: &[DecoderLayer],
+    ) -> Result<()> {
         let q_out = config.num_heads * config.head_dim;
         let kv_out = config.num_kv_heads * config.head_dim;
         for (i, l) in layers.iter().enumerate() {
-            if l.q.out_features()? != q_out || l.k.out_features()? != kv_out || l.v.out_features()? != kv_out {
+            if l.q.out_features()? != q_out
+                || l.k.out_features()? != kv_out
+                || l.v.out_features()? != kv_out
+            {
                 return Err(ModelError::Invalid(format!(
                     "layer {i}: projection shapes do not match {} heads / {} kv heads of {}",
                     config.num_heads, config.num_kv_heads, config.head_dim
@@ -153,8 +182,13 @@ impl Transformer {
                 positions.len()
             )));
         }
-        if let Some(&bad) = token_ids.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(ModelError::Invalid(format!("token id {bad} outside the vocabulary")));
+        if let Some(&bad) = token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Invalid(format!(
+                "token id {bad} outside the vocabulary"
+            )));
         }
         let max_pos = positions.iter().copied().max().unwrap_or(0) as usize;
         if max_pos >= self.config.context_length.min(MAX_ROPE_POSITIONS) {
@@ -164,7 +198,9 @@ impl Transformer {
             )));
         }
         if let Some(&bad) = logits_rows.iter().find(|&&r| r >= n) {
-            return Err(ModelError::Invalid(format!("logits row {bad} of {n} tokens")));
+            return Err(ModelError::Invalid(format!(
+                "logits row {bad} of {n} tokens"
+            )));
         }
         let ids = Tensor::new(token_ids, &self.device)?;
         let pos = Tensor::new(positions, &self.device)?;
@@ -178,7 +214,9 @@ impl Transformer {
         }
         let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
         let rows = Tensor::new(rows.as_slice(), &self.device)?;
-        let x = self.norm.forward(&x.index_select(&rows, 0)?.contiguous()?)?;
+        let x = self
+            .norm
+            .forward(&x.index_select(&rows, 0)?.contiguous()?)?;
         self.lm_head.forward(&x)
     }
 
@@ -194,7 +232,10 @@ impl Transformer {
         let c = &self.config;
         let heads = |t: Tensor, num: usize| -> Result<Tensor> {
             // [n, num*d] -> [1, num, n, d]
-            Ok(t.reshape((n, num, c.head_dim))?.transpose(0, 1)?.unsqueeze(0)?.contiguous()?)
+            Ok(t.reshape((n, num, c.head_dim))?
+                .transpose(0, 1)?
+                .unsqueeze(0)?
+                .contiguous()?)
         };
         let q = heads(layer.q.forward(h)?, c.num_heads)?;
         let k = heads(layer.k.forward(h)?, c.num_kv_heads)?;

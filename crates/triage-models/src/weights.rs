@@ -88,14 +88,22 @@ impl WeightSource {
             let elems = info.shape.elem_count();
             let block = info.ggml_dtype.block_size();
             if block == 0 || elems % block != 0 {
-                return Err(invalid(path, format!("tensor {name}: bad shape {:?}", info.shape)));
+                return Err(invalid(
+                    path,
+                    format!("tensor {name}: bad shape {:?}", info.shape),
+                ));
             }
             let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;
-            let end = content.tensor_data_offset.saturating_add(info.offset).saturating_add(bytes);
+            let end = content
+                .tensor_data_offset
+                .saturating_add(info.offset)
+                .saturating_add(bytes);
             if end > file_size {
                 return Err(invalid(
                     path,
-                    format!("truncated: tensor {name} ends at byte {end}, the file has {file_size}"),
+                    format!(
+                        "truncated: tensor {name} ends at byte {end}, the file has {file_size}"
+                    ),
                 ));
             }
         }
@@ -157,9 +165,10 @@ impl WeightSource {
     /// Shape of a tensor, without reading its data.
     pub fn dims(&self, gguf_name: &str) -> Option<Vec<usize>> {
         match self {
-            WeightSource::Gguf { content, .. } => {
-                content.tensor_infos.get(gguf_name).map(|i| i.shape.dims().to_vec())
-            }
+            WeightSource::Gguf { content, .. } => content
+                .tensor_infos
+                .get(gguf_name)
+                .map(|i| i.shape.dims().to_vec()),
             WeightSource::Safetensors { tensors, .. } => {
                 tensors.get(&hf_name(gguf_name)?).map(|t| t.dims().to_vec())
             }
@@ -234,7 +243,10 @@ mod tests {
             hf_name("blk.11.ffn_down.weight").as_deref(),
             Some("model.layers.11.mlp.down_proj.weight")
         );
-        assert_eq!(hf_name("token_embd.weight").as_deref(), Some("model.embed_tokens.weight"));
+        assert_eq!(
+            hf_name("token_embd.weight").as_deref(),
+            Some("model.embed_tokens.weight")
+        );
         assert_eq!(hf_name("blk.1.unknown.weight"), None);
     }
 }

