@@ -32,8 +32,56 @@ pub fn resolve_model(name_or_path: &str) -> Result<(String, PathBuf)> {
             .unwrap_or_else(|| name_or_path.to_string());
         return Ok((name, path.to_path_buf()));
     }
+    if let Some(path) = hf_cached(name_or_path)? {
+        let name = name_or_path.replace('/', "--");
+        return Ok((name, path));
+    }
     bail!(
-        "no model {name_or_path:?}: not a file or folder, and not one of the default models ({})",
+        "no model {name_or_path:?}: not a file or folder, not one of the default models ({}), and \
+         not a Hugging Face `org/repo[/file]` in the local hub cache",
         catalog::names().join(", ")
     )
+}
+
+/// The hub cache folder: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
+fn hf_hub_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(home) = std::env::var_os("HF_HOME") {
+        return PathBuf::from(home).join("hub");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(".cache").join("huggingface").join("hub")
+}
+
+/// `org/repo` (a safetensors snapshot folder) or `org/repo/path/in/repo` (one file) from the
+/// Hugging Face hub cache, at the revision `refs/main` names. Downloading is not done here: this
+/// machine class reaches no hub, so a repo must already be in the cache (`huggingface-cli download`).
+fn hf_cached(spec: &str) -> Result<Option<PathBuf>> {
+    let mut parts = spec.splitn(3, '/');
+    let (Some(org), Some(repo)) = (parts.next(), parts.next()) else {
+        return Ok(None);
+    };
+    if org.is_empty() || repo.is_empty() || org.starts_with('.') {
+        return Ok(None);
+    }
+    let repo_dir = hf_hub_cache().join(format!("models--{org}--{repo}"));
+    let Ok(revision) = std::fs::read_to_string(repo_dir.join("refs").join("main")) else {
+        return Ok(None);
+    };
+    let snapshot = repo_dir.join("snapshots").join(revision.trim());
+    let path = match parts.next() {
+        Some(file) => snapshot.join(file),
+        None => snapshot,
+    };
+    if !path.exists() {
+        bail!(
+            "{spec:?} is not in the Hugging Face cache (looked for {})",
+            path.display()
+        );
+    }
+    Ok(Some(path))
 }

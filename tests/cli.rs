@@ -163,3 +163,47 @@ fn version_names_revision_and_features() {
         "{text}"
     );
 }
+
+#[test]
+fn models_in_the_hugging_face_cache_resolve_by_repo_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("models--tiny-org--tiny-repo");
+    let snapshot = repo.join("snapshots").join("abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), "abc123\n").unwrap();
+    write_tiny_gguf(
+        &snapshot.join("tiny-q8_0.gguf"),
+        &TinySpec::new(Architecture::Llama),
+        GgmlDType::Q8_0,
+    )
+    .unwrap();
+    let env = [("HF_HUB_CACHE", dir.path())];
+    let args = [
+        "generate",
+        "--model",
+        "tiny-org/tiny-repo/tiny-q8_0.gguf",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+        "--json",
+    ];
+    let out = triage_env(&args, &env);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["completion_tokens"], 3);
+    let missing = [
+        "generate",
+        "--model",
+        "tiny-org/tiny-repo/other.gguf",
+        "--prompt",
+        "hi",
+    ];
+    assert_clean_failure(&triage_env(&missing, &env), "not in the Hugging Face cache");
+}
