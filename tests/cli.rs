@@ -8,14 +8,17 @@ use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 
 fn triage(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_triage"))
-        .args(args)
-        .env(
-            "TRIAGE_HOME",
-            std::env::temp_dir().join("triage-cli-test-home"),
-        )
-        .output()
-        .expect("run triage")
+    triage_env(args, &[])
+}
+
+fn triage_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    let home = std::env::temp_dir().join("triage-cli-test-home");
+    cmd.args(args).env("TRIAGE_HOME", home);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run triage")
 }
 
 fn tiny(dir: &tempfile::TempDir) -> String {
