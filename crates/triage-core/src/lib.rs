@@ -1,2 +1,8 @@
 //! Bookkeeping: requests, block pool, KV-cache manager and scheduler (ids, hashes, counts).
 #![forbid(unsafe_code)]
+
+pub mod block_hash;
+pub mod block_pool;
+
+pub use block_hash::{hash_block, hash_prefix, BlockHash};
+pub use block_pool::{BlockId, BlockPool, NULL_BLOCK};
