@@ -3,6 +3,8 @@
 
 pub mod block_hash;
 pub mod block_pool;
+pub mod kv_cache_manager;
 
 pub use block_hash::{hash_block, hash_prefix, BlockHash};
 pub use block_pool::{BlockId, BlockPool, NULL_BLOCK};
+pub use kv_cache_manager::{ComputedBlocks, KvCacheManager, PrefixHandle, RequestId};
