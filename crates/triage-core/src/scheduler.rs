@@ -1,0 +1,375 @@
+//! `Scheduler`: waiting and running queues, a per-step token budget, chunked prefill, decodes
+//! first, and preemption by recompute when blocks run out. Its output is a plain
+//! `SchedulerOutput`: which request runs how many tokens this step.
+
+use std::collections::VecDeque;
+
+use crate::kv_cache_manager::{ComputedBlocks, KvCacheManager, RequestId};
+
+/// Limits of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most tokens (prefill chunks plus decodes) in one forward pass.
+    pub max_num_batched_tokens: usize,
+    /// Most requests running at once.
+    pub max_num_seqs: usize,
+}
+
+/// A request as the scheduler sees it: token ids and counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub output: Vec<u32>,
+    pub max_tokens: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub cache_salt: Option<String>,
+    /// Tokens whose K/V are in the cache.
+    pub num_computed_tokens: usize,
+    /// Tokens of the prompt found in the prefix cache when it was first scheduled.
+    pub num_cached_tokens: usize,
+}
+
+impl Request {
+    pub fn new(id: RequestId, prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Self {
+            id,
+            prompt,
+            output: Vec::new(),
+            max_tokens,
+            eos_token_ids: Vec::new(),
+            cache_salt: None,
+            num_computed_tokens: 0,
+            num_cached_tokens: 0,
+        }
+    }
+
+    /// Prompt followed by the output so far.
+    pub fn all_tokens(&self) -> Vec<u32> {
+        let mut t = self.prompt.clone();
+        t.extend(&self.output);
+        t
+    }
+
+    fn num_tokens(&self) -> usize {
+        self.prompt.len() + self.output.len()
+    }
+}
+
+/// One request's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledRequest {
+    pub id: RequestId,
+    /// Position of the first token run this step.
+    pub num_computed_tokens: usize,
+    pub num_tokens: usize,
+    pub block_table: Vec<u32>,
+    /// The step reaches the end of the known tokens, so a token is sampled.
+    pub samples: bool,
+}
+
+/// What to run this step.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchedulerOutput {
+    pub scheduled: Vec<ScheduledRequest>,
+    /// Requests whose blocks were taken back this step; they recompute when rescheduled.
+    pub preempted: Vec<RequestId>,
+}
+
+impl SchedulerOutput {
+    pub fn total_tokens(&self) -> usize {
+        self.scheduled.iter().map(|s| s.num_tokens).sum()
+    }
+}
+
+/// Why a request left the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Eos,
+    Length,
+    Cancelled,
+}
+
+/// The scheduler of one model.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    waiting: VecDeque<Request>,
+    running: Vec<Request>,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, kv: KvCacheManager) -> Self {
+        Self {
+            config,
+            kv,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    pub fn add_request(&mut self, request: Request) {
+        self.waiting.push_back(request);
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Plan one step: running requests first (oldest first), preempting the newest when blocks run
+    /// out, then waiting requests while the budget lasts.
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut out = SchedulerOutput::default();
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut idx = 0;
+        while idx < self.running.len() && budget > 0 {
+            let req = &self.running[idx];
+            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+            let tokens = req.all_tokens();
+            let salt = req.cache_salt.clone();
+            let id = req.id;
+            let none = ComputedBlocks::default();
+            if self
+                .kv
+                .allocate_slots(id, &tokens, num_new, &none, salt.as_deref())
+                .is_some()
+            {
+                out.scheduled.push(self.scheduled(idx, num_new));
+                budget -= num_new;
+                idx += 1;
+                continue;
+            }
+            // Out of blocks: preempt the newest running request (possibly this one) and retry.
+            let victim = self
+                .running
+                .pop()
+                .expect("idx < len, so running is not empty");
+            self.kv.free(victim.id);
+            out.scheduled.retain(|s| s.id != victim.id);
+            out.preempted.push(victim.id);
+            let mut victim = victim;
+            victim.num_computed_tokens = 0;
+            self.waiting.push_front(victim);
+        }
+        while budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(req) = self.waiting.front() else {
+                break;
+            };
+            let tokens = req.all_tokens();
+            let salt = req.cache_salt.clone();
+            let computed = self.kv.get_computed_blocks(&tokens, salt.as_deref());
+            let num_new = (tokens.len() - computed.num_computed_tokens).min(budget);
+            let id = req.id;
+            if self
+                .kv
+                .allocate_slots(id, &tokens, num_new, &computed, salt.as_deref())
+                .is_none()
+            {
+                break;
+            }
+            let mut req = self.waiting.pop_front().expect("front() was Some");
+            req.num_computed_tokens = computed.num_computed_tokens;
+            if req.output.is_empty() {
+                req.num_cached_tokens = computed.num_computed_tokens;
+            }
+            self.running.push(req);
+            out.scheduled
+                .push(self.scheduled(self.running.len() - 1, num_new));
+            budget -= num_new;
+        }
+        out
+    }
+
+    fn scheduled(&self, idx: usize, num_new: usize) -> ScheduledRequest {
+        let req = &self.running[idx];
+        ScheduledRequest {
+            id: req.id,
+            num_computed_tokens: req.num_computed_tokens,
+            num_tokens: num_new,
+            block_table: self
+                .kv
+                .block_table(req.id)
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default(),
+            samples: req.num_computed_tokens + num_new == req.num_tokens(),
+        }
+    }
+
+    /// Apply a step's results: advance computed counts, append sampled tokens, finish requests
+    /// that hit EOS or `max_tokens` (freeing their blocks). Returns the finished requests.
+    pub fn update(
+        &mut self,
+        output: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+    ) -> Vec<(Request, FinishReason)> {
+        let mut finished = Vec::new();
+        for s in &output.scheduled {
+            let Some(req) = self.running.iter_mut().find(|r| r.id == s.id) else {
+                continue;
+            };
+            req.num_computed_tokens += s.num_tokens;
+            if !s.samples {
+                continue;
+            }
+            let Some(&(_, token)) = sampled.iter().find(|(id, _)| *id == s.id) else {
+                continue;
+            };
+            req.output.push(token);
+            let reason = if req.eos_token_ids.contains(&token) {
+                Some(FinishReason::Eos)
+            } else if req.output.len() >= req.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                let id = req.id;
+                finished.push((self.remove(id), reason));
+            }
+        }
+        finished
+            .into_iter()
+            .filter_map(|(r, reason)| r.map(|r| (r, reason)))
+            .collect()
+    }
+
+    /// Cancel a request wherever it is; its blocks are freed at once.
+    pub fn cancel(&mut self, id: RequestId) -> Option<Request> {
+        if let Some(pos) = self.waiting.iter().position(|r| r.id == id) {
+            return self.waiting.remove(pos);
+        }
+        self.remove(id)
+    }
+
+    fn remove(&mut self, id: RequestId) -> Option<Request> {
+        let pos = self.running.iter().position(|r| r.id == id)?;
+        self.kv.free(id);
+        Some(self.running.remove(pos))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scheduler(num_blocks: usize, budget: usize) -> Scheduler {
+        let config = SchedulerConfig {
+            max_num_batched_tokens: budget,
+            max_num_seqs: 8,
+        };
+        Scheduler::new(config, KvCacheManager::new(num_blocks, 4, "m", true))
+    }
+
+    fn plan(out: &SchedulerOutput) -> Vec<(RequestId, usize, usize)> {
+        out.scheduled
+            .iter()
+            .map(|s| (s.id, s.num_computed_tokens, s.num_tokens))
+            .collect()
+    }
+
+    /// Feed back one sampled token (`100 + id`) per sampling request.
+    fn step(s: &mut Scheduler) -> (SchedulerOutput, Vec<RequestId>) {
+        let out = s.schedule();
+        let sampled: Vec<_> = out
+            .scheduled
+            .iter()
+            .filter(|r| r.samples)
+            .map(|r| (r.id, 100 + r.id as u32))
+            .collect();
+        let done = s
+            .update(&out, &sampled)
+            .into_iter()
+            .map(|(r, _)| r.id)
+            .collect();
+        (out, done)
+    }
+
+    #[test]
+    fn chunked_prefill_then_decodes_first() {
+        let mut s = scheduler(64, 8);
+        s.add_request(Request::new(1, (0..10).collect(), 3));
+        let (out, _) = step(&mut s);
+        assert_eq!(plan(&out), vec![(1, 0, 8)], "prefill chunked to the budget");
+        assert!(!out.scheduled[0].samples);
+        s.add_request(Request::new(2, (50..56).collect(), 2));
+        let (out, _) = step(&mut s);
+        assert_eq!(
+            plan(&out),
+            vec![(1, 8, 2), (2, 0, 6)],
+            "running first, then the new prefill"
+        );
+        let (out, done) = step(&mut s);
+        assert_eq!(
+            plan(&out),
+            vec![(1, 10, 1), (2, 6, 1)],
+            "two decodes in one step"
+        );
+        assert_eq!(done, vec![2]);
+        let (out, done) = step(&mut s);
+        assert_eq!(plan(&out), vec![(1, 11, 1)]);
+        assert_eq!(done, vec![1]);
+        assert_eq!(
+            s.kv().pool().num_used(),
+            0,
+            "finished requests free their blocks"
+        );
+    }
+
+    #[test]
+    fn shared_prefix_is_not_recomputed() {
+        let mut s = scheduler(64, 64);
+        let prefix: Vec<u32> = (0..16).collect();
+        s.add_request(Request::new(1, [prefix.clone(), vec![1, 2]].concat(), 1));
+        step(&mut s);
+        s.add_request(Request::new(2, [prefix, vec![3, 4, 5]].concat(), 1));
+        let (out, _) = step(&mut s);
+        assert_eq!(plan(&out), vec![(2, 16, 3)]);
+    }
+
+    #[test]
+    fn preemption_frees_blocks_and_the_victim_recomputes() {
+        // 6 usable blocks of 4 tokens; two requests of 8-token prompts each need 3 blocks once
+        // they decode past 12 tokens.
+        let mut s = scheduler(7, 64);
+        s.add_request(Request::new(1, (0..8).collect(), 10));
+        s.add_request(Request::new(2, (20..28).collect(), 10));
+        let mut preempted = Vec::new();
+        let mut finished = Vec::new();
+        for _ in 0..40 {
+            let (out, done) = step(&mut s);
+            preempted.extend(out.preempted.iter().copied());
+            finished.extend(done);
+            let pool = s.kv().pool();
+            assert_eq!(pool.num_free() + pool.num_used(), pool.num_total());
+            if finished.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(preempted, vec![2], "the newest request is preempted");
+        assert_eq!(finished, vec![1, 2]);
+        assert_eq!(s.kv().pool().num_used(), 0);
+    }
+
+    #[test]
+    fn cancellation_frees_blocks_mid_prefill_and_mid_decode() {
+        let mut s = scheduler(64, 4);
+        s.add_request(Request::new(1, (0..12).collect(), 5));
+        s.add_request(Request::new(2, (0..3).collect(), 5));
+        step(&mut s); // request 1 mid-prefill
+        assert!(s.cancel(1).is_some());
+        step(&mut s);
+        step(&mut s); // request 2 decoding
+        assert!(s.cancel(2).is_some());
+        assert_eq!(s.kv().pool().num_used(), 0);
+        assert!(s.cancel(3).is_none());
+    }
+}
