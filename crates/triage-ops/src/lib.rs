@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod logits_reduce;
+pub mod paged_attention;
 
 pub use error::{OpsError, Result};
 pub use logits_reduce::{

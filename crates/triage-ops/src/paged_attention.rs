@@ -1,0 +1,274 @@
+//! Paged KV cache ops: `reshape_and_cache` writes new K/V rows into their slots of a
+//! `[num_blocks, block_size, num_kv_heads, head_dim]` cache, and `paged_attention` runs causal
+//! grouped-query attention for several sequences, each reading its keys through a block table.
+//! Prefill over a cached prefix and batched decode are the same call (query length n ≥ 1).
+//! CPU caches are f32.
+
+use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Storage, Tensor};
+use rayon::prelude::*;
+
+use crate::{OpsError, Result};
+
+/// Where each sequence's keys live and which of its positions this step queries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PagedAttentionMetadata {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Per sequence: its blocks in order.
+    pub block_tables: Vec<Vec<u32>>,
+    /// Per sequence: tokens in the cache after this step's writes (the context length).
+    pub seq_lens: Vec<usize>,
+    /// Per sequence: how many of its last positions are queried this step; the queries of all
+    /// sequences are concatenated in this order.
+    pub query_lens: Vec<usize>,
+}
+
+impl PagedAttentionMetadata {
+    fn validate(&self, num_tokens: usize) -> Result<()> {
+        let bad = |m: String| Err(OpsError::InvalidArgument(m));
+        let n = self.block_tables.len();
+        if self.seq_lens.len() != n || self.query_lens.len() != n || self.block_size == 0 {
+            return bad(format!(
+                "metadata lengths {n}/{}/{}",
+                self.seq_lens.len(),
+                self.query_lens.len()
+            ));
+        }
+        if self.query_lens.iter().sum::<usize>() != num_tokens {
+            return bad(format!(
+                "query lengths sum to {}, q has {num_tokens} rows",
+                self.query_lens.iter().sum::<usize>()
+            ));
+        }
+        for s in 0..n {
+            if self.query_lens[s] > self.seq_lens[s]
+                || self.seq_lens[s] > self.block_tables[s].len() * self.block_size
+            {
+                return bad(format!(
+                    "sequence {s}: {} queries, {} tokens, {} blocks",
+                    self.query_lens[s],
+                    self.seq_lens[s],
+                    self.block_tables[s].len()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Slot of token `pos` of a sequence: `block * block_size + pos % block_size`.
+pub fn slot_of(block_table: &[u32], block_size: usize, pos: usize) -> u32 {
+    block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
+}
+
+struct ReshapeAndCache;
+
+impl InplaceOp3 for ReshapeAndCache {
+    fn name(&self) -> &'static str {
+        "reshape-and-cache"
+    }
+
+    fn cpu_fwd(
+        &self,
+        cache: &mut CpuStorage,
+        cl: &Layout,
+        src: &CpuStorage,
+        sl: &Layout,
+        slots: &CpuStorage,
+        ll: &Layout,
+    ) -> candle_core::Result<()> {
+        let (CpuStorage::F32(cache), CpuStorage::F32(src), CpuStorage::U32(slots)) =
+            (cache, src, slots)
+        else {
+            candle_core::bail!("reshape_and_cache: f32 cache and rows, u32 slots")
+        };
+        if !cl.is_contiguous() || !sl.is_contiguous() || !ll.is_contiguous() {
+            candle_core::bail!("reshape_and_cache: contiguous inputs only")
+        }
+        let cache = &mut cache[cl.start_offset()..];
+        let src = &src[sl.start_offset()..sl.start_offset() + sl.shape().elem_count()];
+        let slots = &slots[ll.start_offset()..ll.start_offset() + ll.shape().elem_count()];
+        let row = src.len() / slots.len().max(1);
+        let num_slots = cl.shape().elem_count() / row.max(1);
+        for (i, &slot) in slots.iter().enumerate() {
+            let slot = slot as usize;
+            if slot >= num_slots {
+                candle_core::bail!("reshape_and_cache: slot {slot} outside {num_slots} slots")
+            }
+            cache[slot * row..(slot + 1) * row].copy_from_slice(&src[i * row..(i + 1) * row]);
+        }
+        Ok(())
+    }
+}
+
+fn check_cache_shapes(cache: &Tensor, rows: &Tensor) -> Result<(usize, usize)> {
+    let (_, _, kv_heads, head_dim) = cache.dims4()?;
+    let (_, rh, rd) = rows.dims3()?;
+    if (rh, rd) != (kv_heads, head_dim) || cache.dtype() != DType::F32 {
+        return Err(OpsError::InvalidArgument(format!(
+            "cache {:?} {:?} vs rows {:?}",
+            cache.dims(),
+            cache.dtype(),
+            rows.dims()
+        )));
+    }
+    Ok((kv_heads, head_dim))
+}
+
+/// Write `rows` (`[n, num_kv_heads, head_dim]`) into `cache` at `slots` (`[n]` u32), in place.
+pub fn reshape_and_cache(cache: &Tensor, rows: &Tensor, slots: &Tensor) -> Result<()> {
+    check_cache_shapes(cache, rows)?;
+    let rows = rows.to_dtype(DType::F32)?.contiguous()?;
+    Ok(cache.inplace_op3(&rows, &slots.contiguous()?, &ReshapeAndCache)?)
+}
+
+/// Reference: returns a new cache with each row scattered into its slot, one basic op per row.
+pub fn reshape_and_cache_slow(cache: &Tensor, rows: &Tensor, slots: &[u32]) -> Result<Tensor> {
+    let (num_blocks, block_size, kv_heads, head_dim) = cache.dims4()?;
+    let mut flat = cache.reshape((num_blocks * block_size, kv_heads * head_dim))?;
+    for (i, &slot) in slots.iter().enumerate() {
+        let row = rows.get(i)?.reshape((1, kv_heads * head_dim))?;
+        flat = flat.slice_scatter0(&row, slot as usize)?;
+    }
+    Ok(flat.reshape((num_blocks, block_size, kv_heads, head_dim))?)
+}
+
+fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
+    match storage {
+        Storage::Cpu(CpuStorage::F32(v)) if layout.is_contiguous() => {
+            Ok(&v[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
+        }
+        _ => Err(OpsError::InvalidArgument(
+            "paged_attention: contiguous f32 CPU tensors only".into(),
+        )),
+    }
+}
+
+/// Causal attention of `q` (`[num_tokens, num_heads, head_dim]`) over paged `k_cache`/`v_cache`
+/// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Parallel
+/// over (token, head); each reads its keys once through the block table with an online softmax.
+pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<Tensor> {
+    let (num_tokens, num_heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, kd) = k_cache.dims4()?;
+    if kd != head_dim
+        || block_size != meta.block_size
+        || num_heads % kv_heads != 0
+        || v_cache.dims() != k_cache.dims()
+    {
+        return Err(OpsError::InvalidArgument(format!(
+            "q {:?}, k cache {:?}, v cache {:?}",
+            q.dims(),
+            k_cache.dims(),
+            v_cache.dims()
+        )));
+    }
+    meta.validate(num_tokens)?;
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let (qd, kdata, vdata) = (
+        f32_slice(&qs, ql)?,
+        f32_slice(&ks, kl)?,
+        f32_slice(&vs, vl)?,
+    );
+    // (sequence, position) of every query row.
+    let mut rows = Vec::with_capacity(num_tokens);
+    for (s, (&qlen, &slen)) in meta.query_lens.iter().zip(&meta.seq_lens).enumerate() {
+        rows.extend((slen - qlen..slen).map(|pos| (s, pos)));
+    }
+    let groups = num_heads / kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut out = vec![0f32; num_tokens * num_heads * head_dim];
+    out.par_chunks_mut(head_dim)
+        .enumerate()
+        .for_each(|(idx, o)| {
+            let (t, h) = (idx / num_heads, idx % num_heads);
+            let (s, pos) = rows[t];
+            let table = &meta.block_tables[s];
+            let qrow = &qd[idx * head_dim..(idx + 1) * head_dim];
+            let kvh = h / groups;
+            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
+            for j in 0..=pos {
+                let base = (slot_of(table, block_size, j) as usize * kv_heads + kvh) * head_dim;
+                let krow = &kdata[base..base + head_dim];
+                let score = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
+                let m_new = m.max(score);
+                let (c_old, c_new) = ((m - m_new).exp(), (score - m_new).exp());
+                let vrow = &vdata[base..base + head_dim];
+                o.iter_mut()
+                    .zip(vrow)
+                    .for_each(|(acc, &v)| *acc = *acc * c_old + c_new * v);
+                l = l * c_old + c_new;
+                m = m_new;
+            }
+            o.iter_mut().for_each(|x| *x /= l);
+        });
+    Ok(Tensor::from_vec(
+        out,
+        (num_tokens, num_heads, head_dim),
+        q.device(),
+    )?)
+}
+
+/// Reference: per sequence, gather K/V token by token through the block table, then plain
+/// softmax(QKᵀ/√d + causal mask)·V per head.
+pub fn paged_attention_slow(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<Tensor> {
+    let (num_tokens, num_heads, head_dim) = q.dims3()?;
+    let (num_blocks, block_size, kv_heads, _) = k_cache.dims4()?;
+    meta.validate(num_tokens)?;
+    let k_flat = k_cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
+    let v_flat = v_cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
+    let groups = num_heads / kv_heads;
+    let mut outputs = Vec::new();
+    let mut start = 0;
+    for s in 0..meta.block_tables.len() {
+        let (qlen, slen) = (meta.query_lens[s], meta.seq_lens[s]);
+        let slots: Vec<u32> = (0..slen)
+            .map(|p| slot_of(&meta.block_tables[s], block_size, p))
+            .collect();
+        let slots = Tensor::new(slots.as_slice(), q.device())?;
+        let k = k_flat.index_select(&slots, 0)?; // [slen, kv_heads, d]
+        let v = v_flat.index_select(&slots, 0)?;
+        let mask: Vec<f32> = (0..qlen)
+            .flat_map(|i| {
+                (0..slen).map(move |j| {
+                    if j <= slen - qlen + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (qlen, slen), q.device())?;
+        let mut heads = Vec::with_capacity(num_heads);
+        for h in 0..num_heads {
+            let qh = q
+                .narrow(0, start, qlen)?
+                .narrow(1, h, 1)?
+                .squeeze(1)?
+                .to_dtype(DType::F32)?;
+            let kh = k.narrow(1, h / groups, 1)?.squeeze(1)?;
+            let vh = v.narrow(1, h / groups, 1)?.squeeze(1)?;
+            let scores = ((qh.matmul(&kh.t()?)? / (head_dim as f64).sqrt())? + &mask)?;
+            let max = scores.max_keepdim(1)?;
+            let e = scores.broadcast_sub(&max)?.exp()?;
+            let p = e.broadcast_div(&e.sum_keepdim(1)?)?;
+            heads.push(p.matmul(&vh)?);
+        }
+        outputs.push(Tensor::stack(&heads, 1)?); // [qlen, heads, d]
+        start += qlen;
+    }
+    Ok(Tensor::cat(&outputs, 0)?)
+}

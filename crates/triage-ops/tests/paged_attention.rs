@@ -1,0 +1,148 @@
+//! Paged KV ops against their `*_slow` references on random inputs, with every unused cache slot
+//! set to NaN so that a read outside a sequence poisons the result.
+
+use candle_core::{Device, Tensor};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use triage_ops::paged_attention::{
+    paged_attention, paged_attention_slow, reshape_and_cache, reshape_and_cache_slow, slot_of,
+    PagedAttentionMetadata,
+};
+
+const BLOCK_SIZE: usize = 4;
+const NUM_BLOCKS: usize = 24;
+const KV_HEADS: usize = 2;
+const HEADS: usize = 8;
+const HEAD_DIM: usize = 16;
+/// |fast - slow| bound: both accumulate in f32, in different orders.
+const TOL: f32 = 1e-4;
+
+fn randn(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+}
+
+fn nan_cache() -> Tensor {
+    Tensor::full(
+        f32::NAN,
+        (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+/// Three sequences: a prefill over a cached prefix, a fresh prefill, and a decode step.
+fn scenario(seed: u64) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let seq_lens = vec![13, 6, 9];
+    let query_lens = vec![5, 6, 1];
+    let mut free: Vec<u32> = (1..NUM_BLOCKS as u32).collect();
+    free.shuffle(&mut rng); // blocks out of order, as after churn
+    let block_tables: Vec<Vec<u32>> = seq_lens
+        .iter()
+        .map(|&len: &usize| {
+            (0..len.div_ceil(BLOCK_SIZE))
+                .map(|_| free.pop().unwrap())
+                .collect()
+        })
+        .collect();
+    let meta = PagedAttentionMetadata {
+        block_size: BLOCK_SIZE,
+        block_tables,
+        seq_lens,
+        query_lens,
+    };
+    let (k_cache, v_cache) = (nan_cache(), nan_cache());
+    let row = KV_HEADS * HEAD_DIM;
+    for s in 0..3 {
+        let len = meta.seq_lens[s];
+        let slots: Vec<u32> = (0..len)
+            .map(|p| slot_of(&meta.block_tables[s], BLOCK_SIZE, p))
+            .collect();
+        let slots = Tensor::new(slots.as_slice(), &Device::Cpu).unwrap();
+        let k = Tensor::from_vec(
+            randn(&mut rng, len * row),
+            (len, KV_HEADS, HEAD_DIM),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let v = Tensor::from_vec(
+            randn(&mut rng, len * row),
+            (len, KV_HEADS, HEAD_DIM),
+            &Device::Cpu,
+        )
+        .unwrap();
+        reshape_and_cache(&k_cache, &k, &slots).unwrap();
+        reshape_and_cache(&v_cache, &v, &slots).unwrap();
+    }
+    let n: usize = meta.query_lens.iter().sum();
+    let q = Tensor::from_vec(
+        randn(&mut rng, n * HEADS * HEAD_DIM),
+        (n, HEADS, HEAD_DIM),
+        &Device::Cpu,
+    )
+    .unwrap();
+    (q, k_cache, v_cache, meta)
+}
+
+#[test]
+fn paged_attention_matches_reference_and_never_reads_unused_slots() {
+    for seed in 0..5 {
+        let (q, k, v, meta) = scenario(seed);
+        let fast = paged_attention(&q, &k, &v, &meta).unwrap();
+        let slow = paged_attention_slow(&q, &k, &v, &meta).unwrap();
+        let fast = fast.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let slow = slow.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            fast.iter().all(|x| x.is_finite()),
+            "seed {seed}: NaN read from an unused slot"
+        );
+        let diff = fast
+            .iter()
+            .zip(&slow)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < TOL, "seed {seed}: max abs diff {diff}");
+    }
+}
+
+#[test]
+fn reshape_and_cache_matches_reference_and_touches_only_its_slots() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let cache = Tensor::from_vec(
+        randn(&mut rng, NUM_BLOCKS * BLOCK_SIZE * KV_HEADS * HEAD_DIM),
+        (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let slots: Vec<u32> = vec![17, 3, 40, 95, 4];
+    let rows = Tensor::from_vec(
+        randn(&mut rng, 5 * KV_HEADS * HEAD_DIM),
+        (5, KV_HEADS, HEAD_DIM),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let expected = reshape_and_cache_slow(&cache, &rows, &slots).unwrap();
+    reshape_and_cache(
+        &cache,
+        &rows,
+        &Tensor::new(slots.as_slice(), &Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    let (a, b) = (
+        cache.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        expected.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+    );
+    assert_eq!(a, b);
+    let out_of_range = Tensor::new(&[(NUM_BLOCKS * BLOCK_SIZE) as u32], &Device::Cpu).unwrap();
+    assert!(reshape_and_cache(&cache, &rows.narrow(0, 0, 1).unwrap(), &out_of_range).is_err());
+}
+
+#[test]
+fn inconsistent_metadata_is_an_error() {
+    let (q, k, v, mut meta) = scenario(1);
+    meta.query_lens[0] += 1;
+    assert!(paged_attention(&q, &k, &v, &meta).is_err());
+    let (q, k, v, mut meta) = scenario(1);
+    meta.seq_lens[1] = 99;
+    assert!(paged_attention(&q, &k, &v, &meta).is_err());
+}
