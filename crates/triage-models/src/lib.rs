@@ -11,6 +11,7 @@ pub mod gguf_info;
 pub mod layers;
 pub mod llama;
 pub mod model;
+pub mod paged_kv_cache;
 pub mod paths;
 pub mod qwen2;
 pub mod requantize;
