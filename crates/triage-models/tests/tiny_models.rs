@@ -279,6 +279,7 @@ mod paged {
             let tables: Vec<Vec<u32>> = (0..3u32)
                 .map(|s| (0..9u32).map(|b| 1 + b * 3 + s).collect())
                 .collect();
+            #[allow(clippy::needless_range_loop)] // phase indexes both the plan and the reference
             for phase in 0..3 {
                 let batch: Vec<(SeqStep, &[u32])> = seqs
                     .iter()
