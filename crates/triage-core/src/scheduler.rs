@@ -125,6 +125,14 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// A running or waiting request.
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|r| r.id == id)
+    }
+
     /// Plan one step: running requests first (oldest first), preempting the newest when blocks run
     /// out, then waiting requests while the budget lasts.
     pub fn schedule(&mut self) -> SchedulerOutput {

@@ -5,6 +5,7 @@
 pub mod entropy_monitor;
 pub mod error;
 pub mod generate;
+pub mod llm_engine;
 pub mod sampler;
 pub mod stop;
 

@@ -1,0 +1,327 @@
+//! `LlmEngine`: continuous batching over the paged KV cache. Each `step` asks the scheduler which
+//! requests run how many tokens, runs them all in one forward pass, samples every request that
+//! reached the end of its known tokens, and streams the results through each request's channel.
+//! Finished or cancelled requests free their blocks at once.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+
+use candle_core::Tensor;
+use triage_core::{
+    FinishReason as CoreFinish, KvCacheManager, Request, RequestId, Scheduler, SchedulerConfig,
+};
+use triage_models::model::Model;
+use triage_models::paged_kv_cache::{PagedKvCache, PagedStep, SeqStep};
+use triage_ops::{logits_reduce, MAX_TOP_K};
+
+use crate::generate::{
+    resolve_max_tokens, tokenize_prompt, FinishReason, GenerateRequest, TokenOutput,
+};
+use crate::sampler::Sampler;
+use crate::stop::StopChecker;
+use crate::{EngineError, Result};
+
+/// Sizes of the cache and of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            num_blocks: 1024,
+            block_size: 16,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 64,
+            prefix_caching: true,
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens found in the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What a request's channel receives.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// A generated token and the text it adds (already cut at stop strings; may be empty).
+    Token(TokenOutput, String),
+    /// Text held back until the end (an incomplete UTF-8 sequence or a stop-string prefix).
+    Text(String),
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+}
+
+struct SeqState {
+    sampler: Sampler,
+    stop: StopChecker,
+    decoder: triage_models::tokenizer::StreamDecoder,
+    top_logprobs: usize,
+    ignore_eos: bool,
+    stop_token_ids: Vec<u32>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    tx: Sender<StreamEvent>,
+}
+
+/// A continuous-batching engine for one model.
+pub struct LlmEngine {
+    model: Arc<Model>,
+    scheduler: Scheduler,
+    cache: PagedKvCache,
+    states: HashMap<RequestId, SeqState>,
+    next_id: RequestId,
+    num_preemptions: usize,
+}
+
+impl std::fmt::Debug for LlmEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmEngine")
+            .field("model", &self.model.name)
+            .field("requests", &self.states.len())
+            .finish()
+    }
+}
+
+impl LlmEngine {
+    pub fn new(model: Arc<Model>, config: EngineConfig) -> Result<Self> {
+        let cfg = model.transformer.config();
+        let cache = PagedKvCache::new(
+            cfg,
+            config.num_blocks,
+            config.block_size,
+            0.0,
+            model.transformer.device(),
+        )?;
+        let kv = KvCacheManager::new(
+            config.num_blocks,
+            config.block_size,
+            &model.name,
+            config.prefix_caching,
+        );
+        let sched = SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+        };
+        Ok(Self {
+            model,
+            scheduler: Scheduler::new(sched, kv),
+            cache,
+            states: HashMap::new(),
+            next_id: 1,
+            num_preemptions: 0,
+        })
+    }
+
+    /// The scheduler (for its queues and the KV block counts).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Requests preempted (blocks taken back, recomputed later) since the engine started.
+    pub fn num_preemptions(&self) -> usize {
+        self.num_preemptions
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.states.is_empty()
+    }
+
+    /// Queue a request; its tokens arrive on the returned channel as steps run. Entropy is the
+    /// full-softmax value in nats (thresholds are applied by `generate` and the router).
+    pub fn add_request(
+        &mut self,
+        request: &GenerateRequest,
+    ) -> Result<(RequestId, Receiver<StreamEvent>)> {
+        let params = &request.params;
+        params.validate()?;
+        let prompt = tokenize_prompt(&self.model, &request.prompt)?;
+        let max_tokens =
+            resolve_max_tokens(prompt.len(), params.max_tokens, self.model.context_length())?;
+        let blocks_needed = (prompt.len() + max_tokens).div_ceil(self.scheduler.kv().block_size());
+        if blocks_needed > self.scheduler.kv().pool().num_total() {
+            return Err(EngineError::Invalid(format!(
+                "prompt plus max_tokens needs {blocks_needed} KV blocks, the pool has {}",
+                self.scheduler.kv().pool().num_total()
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let (tx, rx) = channel();
+        let state = SeqState {
+            sampler: Sampler::new(params.clone(), &prompt)?,
+            stop: StopChecker::new(&params.stop)?,
+            decoder: self.model.tokenizer.stream_decoder(true),
+            top_logprobs: params.top_logprobs,
+            ignore_eos: params.ignore_eos,
+            stop_token_ids: params.stop_token_ids.clone(),
+            prompt_tokens: prompt.len(),
+            completion_tokens: 0,
+            tx,
+        };
+        self.states.insert(id, state);
+        self.scheduler
+            .add_request(Request::new(id, prompt, max_tokens));
+        Ok((id, rx))
+    }
+
+    /// Stop a request now and free its blocks; its channel gets `Finished { Cancelled }`.
+    pub fn cancel(&mut self, id: RequestId) {
+        let cached = self.scheduler.cancel(id).map_or(0, |r| r.num_cached_tokens);
+        self.finish(id, FinishReason::Cancelled, cached);
+    }
+
+    /// Run one step. Returns the number of tokens run (0 when there is nothing to do).
+    pub fn step(&mut self) -> Result<usize> {
+        let plan = self.scheduler.schedule();
+        self.num_preemptions += plan.preempted.len();
+        if plan.scheduled.is_empty() {
+            return Ok(0);
+        }
+        let mut ids = Vec::new();
+        let mut seqs = Vec::with_capacity(plan.scheduled.len());
+        let (mut rows, mut samplers) = (Vec::new(), Vec::new());
+        for s in &plan.scheduled {
+            let req = self
+                .scheduler
+                .request(s.id)
+                .ok_or_else(|| EngineError::Invalid(format!("request {} vanished", s.id)))?;
+            let tokens = req.all_tokens();
+            ids.extend_from_slice(
+                &tokens[s.num_computed_tokens..s.num_computed_tokens + s.num_tokens],
+            );
+            seqs.push(SeqStep {
+                block_table: s.block_table.clone(),
+                num_computed_tokens: s.num_computed_tokens,
+                num_new_tokens: s.num_tokens,
+            });
+            if s.samples {
+                rows.push(ids.len() - 1);
+                samplers.push(s.id);
+            }
+        }
+        let device = self.model.transformer.device().clone();
+        let mut backend = PagedStep::new(&self.cache, &seqs, &device)?;
+        let positions = backend.positions();
+        // A step of prefill chunks only still needs one logits row from the forward pass.
+        let logit_rows = if rows.is_empty() {
+            vec![ids.len() - 1]
+        } else {
+            rows
+        };
+        let logits = self
+            .model
+            .transformer
+            .forward(&ids, &positions, &logit_rows, &mut backend)?;
+        let sampled = if samplers.is_empty() {
+            Vec::new()
+        } else {
+            self.sample_all(&logits, &samplers)?
+        };
+        let finished = self.scheduler.update(&plan, &sampled);
+        for (req, reason) in finished {
+            let reason = match reason {
+                CoreFinish::Eos => FinishReason::Stop,
+                CoreFinish::Length => FinishReason::Length,
+                CoreFinish::Cancelled => FinishReason::Cancelled,
+            };
+            self.finish(req.id, reason, req.num_cached_tokens);
+        }
+        Ok(ids.len())
+    }
+
+    /// Sample every row, stream tokens, and end requests that hit a stop string or EOS.
+    fn sample_all(&mut self, logits: &Tensor, ids: &[RequestId]) -> Result<Vec<(RequestId, u32)>> {
+        let k = ids
+            .iter()
+            .filter_map(|id| self.states.get(id))
+            .map(|s| s.top_logprobs)
+            .max()
+            .unwrap_or(0)
+            .min(MAX_TOP_K);
+        let stats = logits_reduce(logits, k)?;
+        let mut sampled = Vec::with_capacity(ids.len());
+        let mut stopped = Vec::new();
+        for (row, (&id, stat)) in ids.iter().zip(&stats).enumerate() {
+            let values = logits.get(row)?.to_vec1::<f32>()?;
+            let Some(state) = self.states.get_mut(&id) else {
+                continue;
+            };
+            let token = state.sampler.sample(&values)?;
+            let is_eos = (!state.ignore_eos && self.model.tokenizer.is_eos(token))
+                || state.stop_token_ids.contains(&token);
+            if is_eos {
+                stopped.push((id, FinishReason::Stop));
+                continue;
+            }
+            sampled.push((id, token));
+            state.completion_tokens += 1;
+            let out = TokenOutput {
+                id: token,
+                text: self.model.tokenizer.decode(&[token], false)?,
+                logprob: values[token as usize] - stat.log_sum_exp,
+                entropy: stat.entropy,
+                top_logprobs: stat
+                    .top_k
+                    .iter()
+                    .take(state.top_logprobs)
+                    .copied()
+                    .collect(),
+            };
+            let piece = state
+                .decoder
+                .step(&self.model.tokenizer, token)?
+                .unwrap_or_default();
+            let checked = state.stop.push(&piece);
+            let _ = state.tx.send(StreamEvent::Token(out, checked.text));
+            if checked.matched.is_some() {
+                stopped.push((id, FinishReason::Stop));
+            }
+        }
+        for (id, reason) in stopped {
+            let cached = self.scheduler.cancel(id).map_or(0, |r| r.num_cached_tokens);
+            sampled.retain(|(s, _)| *s != id);
+            self.finish(id, reason, cached);
+        }
+        Ok(sampled)
+    }
+
+    fn finish(&mut self, id: RequestId, reason: FinishReason, cached_tokens: usize) {
+        let Some(mut state) = self.states.remove(&id) else {
+            return;
+        };
+        if !state.stop.is_stopped() {
+            let mut tail = String::new();
+            if let Ok(Some(rest)) = state.decoder.flush(&self.model.tokenizer) {
+                tail.push_str(&state.stop.push(&rest).text);
+            }
+            if !state.stop.is_stopped() {
+                tail.push_str(&state.stop.finish());
+            }
+            if !tail.is_empty() {
+                let _ = state.tx.send(StreamEvent::Text(tail));
+            }
+        }
+        let usage = Usage {
+            prompt_tokens: state.prompt_tokens,
+            completion_tokens: state.completion_tokens,
+            cached_tokens,
+        };
+        let _ = state.tx.send(StreamEvent::Finished { reason, usage });
+    }
+}
