@@ -2,6 +2,7 @@
 //! façade (`triage::...`) over the workspace crates, plus model fetching and the CLI.
 #![deny(unsafe_code)]
 
+pub mod bench;
 pub mod catalog;
 pub mod fetch;
 pub mod resolve;

@@ -27,6 +27,38 @@ enum Command {
     },
     /// Generate text with one model.
     Generate(GenerateArgs),
+    /// Benchmarks through the batching engine.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time-to-first-token of a question after a shared prefix, cold vs cached.
+    Prefix {
+        #[arg(long)]
+        model: String,
+        #[arg(long, default_value_t = 2048)]
+        prefix_tokens: usize,
+        #[arg(long, default_value_t = 32)]
+        question_tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Aggregate decode tokens/s at each concurrency.
+    Decode {
+        #[arg(long)]
+        model: String,
+        /// Comma-separated concurrencies.
+        #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+        concurrency: Vec<usize>,
+        #[arg(long, default_value_t = 64)]
+        decode_tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -90,7 +122,58 @@ fn run(cli: Cli) -> Result<()> {
             command: ModelsCommand::List,
         } => models_list(),
         Command::Generate(args) => generate(args),
+        Command::Bench { command } => bench(command),
     }
+}
+
+fn load(name_or_path: &str) -> Result<std::sync::Arc<Model>> {
+    let (name, path) = resolve::resolve_model(name_or_path)?;
+    let model = Model::load(&name, &path, &LoadOptions::default())
+        .with_context(|| format!("loading model {}", path.display()))?;
+    Ok(std::sync::Arc::new(model))
+}
+
+fn bench(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Prefix {
+            model,
+            prefix_tokens,
+            question_tokens,
+            json,
+        } => {
+            let r = triage::bench::prefix(&load(&model)?, prefix_tokens, question_tokens)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "prefix {} + question {} tokens: cold TTFT {:.1} ms, cached {:.1} ms, speedup {:.1}x",
+                    r.prefix_tokens, r.question_tokens, r.cold_ttft_ms, r.cached_ttft_ms, r.speedup
+                );
+            }
+        }
+        BenchCommand::Decode {
+            model,
+            concurrency,
+            decode_tokens,
+            json,
+        } => {
+            if concurrency.is_empty() || concurrency.contains(&0) {
+                anyhow::bail!("--concurrency takes positive integers, e.g. 1,4,16");
+            }
+            let results = triage::bench::decode(&load(&model)?, &concurrency, 32, decode_tokens)?;
+            if json {
+                println!("{}", json!({ "results": results }));
+            } else {
+                for r in results {
+                    println!(
+                        "concurrency {:>3}: {:.1} tokens/s",
+                        r.concurrency, r.tokens_per_s
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn models_fetch(data: bool, names: Vec<String>) -> Result<()> {

@@ -210,3 +210,59 @@ fn models_in_the_hugging_face_cache_resolve_by_repo_and_file() {
     ];
     assert_clean_failure(&triage_env(&missing, &env), "not in the Hugging Face cache");
 }
+
+#[test]
+fn bench_commands_print_their_json_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let out = triage(&[
+        "bench",
+        "prefix",
+        "--model",
+        &model,
+        "--prefix-tokens",
+        "64",
+        "--question-tokens",
+        "8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (cold, cached) = (
+        v["cold_ttft_ms"].as_f64().unwrap(),
+        v["cached_ttft_ms"].as_f64().unwrap(),
+    );
+    assert!(cold > 0.0 && cached > 0.0);
+    assert!((v["speedup"].as_f64().unwrap() - cold / cached).abs() < 1e-6);
+    let out = triage(&[
+        "bench",
+        "decode",
+        "--model",
+        &model,
+        "--concurrency",
+        "1,4",
+        "--decode-tokens",
+        "8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1]["concurrency"], 4);
+    assert!(results
+        .iter()
+        .all(|r| r["tokens_per_s"].as_f64().unwrap() > 0.0));
+    assert_clean_failure(
+        &triage(&["bench", "decode", "--model", &model, "--concurrency", "0"]),
+        "positive",
+    );
+}

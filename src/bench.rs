@@ -1,0 +1,138 @@
+//! `triage bench prefix` and `triage bench decode`: time-to-first-token after a shared prefix
+//! (cold vs cached) and aggregate decode throughput under concurrency, through `LlmEngine`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
+use triage_engine::llm_engine::{EngineConfig, LlmEngine, StreamEvent};
+use triage_engine::sampler::SamplingParams;
+use triage_models::model::Model;
+
+/// Cold vs cached time-to-first-token of a question after a shared prefix.
+#[derive(Debug, Serialize)]
+pub struct PrefixBench {
+    pub prefix_tokens: usize,
+    pub question_tokens: usize,
+    pub cold_ttft_ms: f64,
+    pub cached_ttft_ms: f64,
+    pub speedup: f64,
+}
+
+/// Aggregate decode rate at one concurrency.
+#[derive(Debug, Serialize)]
+pub struct DecodeResult {
+    pub concurrency: usize,
+    pub tokens_per_s: f64,
+}
+
+fn greedy(ids: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Prompt::Tokens(ids),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(max_tokens),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        entropy: EntropySettings::default(),
+    }
+}
+
+/// Deterministic filler token ids drawn from ordinary text tokens of the model.
+fn filler(model: &Model, n: usize, seed: usize) -> Result<Vec<u32>> {
+    let text = "The history of computing is a story of abstractions layered on abstractions. ";
+    let base = model.tokenizer.encode(text, false, false)?;
+    if base.is_empty() {
+        bail!("tokenizer produced no tokens");
+    }
+    Ok((0..n).map(|i| base[(i + seed * 7) % base.len()]).collect())
+}
+
+fn engine(model: &Arc<Model>, num_tokens: usize, max_num_seqs: usize) -> Result<LlmEngine> {
+    let block_size = 16;
+    let config = EngineConfig {
+        num_blocks: num_tokens.div_ceil(block_size) + 8,
+        block_size,
+        max_num_batched_tokens: 4096,
+        max_num_seqs,
+        prefix_caching: true,
+    };
+    Ok(LlmEngine::new(model.clone(), config)?)
+}
+
+/// Time from submission to the first streamed token of one request.
+fn ttft(engine: &mut LlmEngine, request: &GenerateRequest) -> Result<f64> {
+    let start = Instant::now();
+    let (_, rx) = engine.add_request(request)?;
+    loop {
+        engine.step()?;
+        if rx.try_iter().any(|e| matches!(e, StreamEvent::Token(..))) {
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            while engine.has_unfinished() {
+                engine.step()?;
+            }
+            return Ok(ms);
+        }
+        if !engine.has_unfinished() {
+            bail!("request finished without a token");
+        }
+    }
+}
+
+pub fn prefix(
+    model: &Arc<Model>,
+    prefix_tokens: usize,
+    question_tokens: usize,
+) -> Result<PrefixBench> {
+    let prefix = filler(model, prefix_tokens, 0)?;
+    let q1 = [prefix.clone(), filler(model, question_tokens, 1)?].concat();
+    let q2 = [prefix, filler(model, question_tokens, 2)?].concat();
+    let mut engine = engine(model, 2 * (prefix_tokens + question_tokens) + 64, 4)?;
+    let cold = ttft(&mut engine, &greedy(q1, 1))?;
+    let cached = ttft(&mut engine, &greedy(q2, 1))?;
+    Ok(PrefixBench {
+        prefix_tokens,
+        question_tokens,
+        cold_ttft_ms: cold,
+        cached_ttft_ms: cached,
+        speedup: cold / cached,
+    })
+}
+
+pub fn decode(
+    model: &Arc<Model>,
+    concurrency: &[usize],
+    prompt_tokens: usize,
+    decode_tokens: usize,
+) -> Result<Vec<DecodeResult>> {
+    let mut results = Vec::new();
+    for &c in concurrency {
+        let mut engine = engine(model, c * (prompt_tokens + decode_tokens + 16), c)?;
+        let requests: Vec<_> = (0..c)
+            .map(|i| filler(model, prompt_tokens, 10 + i).map(|ids| greedy(ids, decode_tokens)))
+            .collect::<Result<_>>()?;
+        let _rxs: Vec<_> = requests
+            .iter()
+            .map(|r| engine.add_request(r).map(|(_, rx)| rx))
+            .collect::<Result<_, _>>()?;
+        // Prefill (and first sample) before the clock starts, so only decode steps are timed:
+        // each later step runs one token per request.
+        while engine.scheduler().num_waiting() > 0 {
+            engine.step()?;
+        }
+        let start = Instant::now();
+        let mut tokens = 0usize;
+        while engine.has_unfinished() {
+            tokens += engine.step()?;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        results.push(DecodeResult {
+            concurrency: c,
+            tokens_per_s: tokens as f64 / secs,
+        });
+    }
+    Ok(results)
+}
