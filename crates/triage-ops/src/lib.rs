@@ -2,6 +2,7 @@
 //! `cuda` feature, from a later issue) a CUDA implementation with the same API.
 #![deny(unsafe_code)]
 
+pub mod causal_attention;
 pub mod error;
 pub mod logits_reduce;
 pub mod paged_attention;

@@ -32,9 +32,15 @@ fn nan_cache() -> Tensor {
 
 /// Three sequences: a prefill over a cached prefix, a fresh prefill, and a decode step.
 fn scenario(seed: u64) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
+    scenario_with(seed, vec![13, 6, 9], vec![5, 6, 1])
+}
+
+fn scenario_with(
+    seed: u64,
+    seq_lens: Vec<usize>,
+    query_lens: Vec<usize>,
+) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let seq_lens = vec![13, 6, 9];
-    let query_lens = vec![5, 6, 1];
     let mut free: Vec<u32> = (1..NUM_BLOCKS as u32).collect();
     free.shuffle(&mut rng); // blocks out of order, as after churn
     let block_tables: Vec<Vec<u32>> = seq_lens
@@ -53,7 +59,7 @@ fn scenario(seed: u64) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
     };
     let (k_cache, v_cache) = (nan_cache(), nan_cache());
     let row = KV_HEADS * HEAD_DIM;
-    for s in 0..3 {
+    for s in 0..meta.seq_lens.len() {
         let len = meta.seq_lens[s];
         let slots: Vec<u32> = (0..len)
             .map(|p| slot_of(&meta.block_tables[s], BLOCK_SIZE, p))
@@ -86,8 +92,14 @@ fn scenario(seed: u64) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
 
 #[test]
 fn paged_attention_matches_reference_and_never_reads_unused_slots() {
-    for seed in 0..5 {
-        let (q, k, v, meta) = scenario(seed);
+    // Seeds 0-4: short query runs (the per-row kernel); 5-9: a 20-row prefill over a 20-token
+    // cached prefix next to them (the gather + matmul path for that sequence).
+    for seed in 0..10 {
+        let (q, k, v, meta) = if seed < 5 {
+            scenario(seed)
+        } else {
+            scenario_with(seed, vec![40, 6, 9], vec![20, 6, 1])
+        };
         let fast = paged_attention(&q, &k, &v, &meta).unwrap();
         let slow = paged_attention_slow(&q, &k, &v, &meta).unwrap();
         let fast = fast.flatten_all().unwrap().to_vec1::<f32>().unwrap();
