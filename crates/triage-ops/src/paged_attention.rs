@@ -144,10 +144,76 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
     }
 }
 
+/// Query rows from which a sequence gathers its K/V into contiguous tensors and uses matrix
+/// products instead of the per-row kernel (which wins for decode, where each row is one token).
+pub const GATHER_MIN_QUERIES: usize = 16;
+
 /// Causal attention of `q` (`[num_tokens, num_heads, head_dim]`) over paged `k_cache`/`v_cache`
-/// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Parallel
-/// over (token, head); each reads its keys once through the block table with an online softmax.
+/// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Sequences
+/// with few queries (decode) run in one loop parallel over (token, head), each row reading its
+/// keys once through the block table with an online softmax; long query runs (prefill) gather
+/// their K/V and use chunked matrix products.
 pub fn paged_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<Tensor> {
+    let (num_tokens, _, _) = q.dims3()?;
+    meta.validate(num_tokens)?;
+    if meta.query_lens.iter().all(|&n| n < GATHER_MIN_QUERIES) {
+        return paged_attention_rows(q, k_cache, v_cache, meta);
+    }
+    let mut parts = Vec::with_capacity(meta.query_lens.len());
+    let mut start = 0;
+    for s in 0..meta.query_lens.len() {
+        let qlen = meta.query_lens[s];
+        let q_s = q.narrow(0, start, qlen)?;
+        let one = PagedAttentionMetadata {
+            block_size: meta.block_size,
+            block_tables: vec![meta.block_tables[s].clone()],
+            seq_lens: vec![meta.seq_lens[s]],
+            query_lens: vec![qlen],
+        };
+        parts.push(if qlen >= GATHER_MIN_QUERIES {
+            gathered_attention(&q_s, k_cache, v_cache, &one)?
+        } else {
+            paged_attention_rows(&q_s, k_cache, v_cache, &one)?
+        });
+        start += qlen;
+    }
+    Ok(Tensor::cat(&parts, 0)?)
+}
+
+/// One sequence: gather its K/V through the block table, then dense causal attention.
+fn gathered_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<Tensor> {
+    let (num_blocks, block_size, kv_heads, head_dim) = k_cache.dims4()?;
+    let (n, heads, _) = q.dims3()?;
+    let len = meta.seq_lens[0];
+    let slots: Vec<u32> = (0..len)
+        .map(|p| slot_of(&meta.block_tables[0], block_size, p))
+        .collect();
+    let slots = Tensor::new(slots.as_slice(), q.device())?;
+    let gather = |cache: &Tensor| -> Result<Tensor> {
+        let flat = cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
+        // [kv_heads, len, d]
+        Ok(flat
+            .index_select(&slots, 0)?
+            .transpose(0, 1)?
+            .contiguous()?)
+    };
+    let q = q.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?; // [heads, n, d]
+    let out = crate::causal_attention::causal_attention(&q, &gather(k_cache)?, &gather(v_cache)?)?;
+    Ok(out.reshape((n, heads, head_dim))?)
+}
+
+/// The per-row kernel: parallel over (token, head), online softmax through the block table.
+fn paged_attention_rows(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
