@@ -19,8 +19,9 @@ pub struct SchedulerConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     pub id: RequestId,
-    pub prompt: Vec<u32>,
-    pub output: Vec<u32>,
+    /// Prompt followed by the output so far, in one vector so a step borrows it without copying.
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
     pub max_tokens: usize,
     pub eos_token_ids: Vec<u32>,
     pub cache_salt: Option<String>,
@@ -34,8 +35,8 @@ impl Request {
     pub fn new(id: RequestId, prompt: Vec<u32>, max_tokens: usize) -> Self {
         Self {
             id,
-            prompt,
-            output: Vec::new(),
+            num_prompt_tokens: prompt.len(),
+            tokens: prompt,
             max_tokens,
             eos_token_ids: Vec::new(),
             cache_salt: None,
@@ -45,14 +46,20 @@ impl Request {
     }
 
     /// Prompt followed by the output so far.
-    pub fn all_tokens(&self) -> Vec<u32> {
-        let mut t = self.prompt.clone();
-        t.extend(&self.output);
-        t
+    pub fn all_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.num_prompt_tokens]
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.tokens[self.num_prompt_tokens..]
     }
 
     fn num_tokens(&self) -> usize {
-        self.prompt.len() + self.output.len()
+        self.tokens.len()
     }
 }
 
@@ -143,12 +150,12 @@ impl Scheduler {
             let req = &self.running[idx];
             let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
             let tokens = req.all_tokens();
-            let salt = req.cache_salt.clone();
+            let salt = req.cache_salt.as_deref();
             let id = req.id;
             let none = ComputedBlocks::default();
             if self
                 .kv
-                .allocate_slots(id, &tokens, num_new, &none, salt.as_deref())
+                .allocate_slots(id, tokens, num_new, &none, salt)
                 .is_some()
             {
                 out.scheduled.push(self.scheduled(idx, num_new));
@@ -173,20 +180,20 @@ impl Scheduler {
                 break;
             };
             let tokens = req.all_tokens();
-            let salt = req.cache_salt.clone();
-            let computed = self.kv.get_computed_blocks(&tokens, salt.as_deref());
+            let salt = req.cache_salt.as_deref();
+            let computed = self.kv.get_computed_blocks(tokens, salt);
             let num_new = (tokens.len() - computed.num_computed_tokens).min(budget);
             let id = req.id;
             if self
                 .kv
-                .allocate_slots(id, &tokens, num_new, &computed, salt.as_deref())
+                .allocate_slots(id, tokens, num_new, &computed, salt)
                 .is_none()
             {
                 break;
             }
             let mut req = self.waiting.pop_front().expect("front() was Some");
             req.num_computed_tokens = computed.num_computed_tokens;
-            if req.output.is_empty() {
+            if req.output().is_empty() {
                 req.num_cached_tokens = computed.num_computed_tokens;
             }
             self.running.push(req);
@@ -231,10 +238,10 @@ impl Scheduler {
             let Some(&(_, token)) = sampled.iter().find(|(id, _)| *id == s.id) else {
                 continue;
             };
-            req.output.push(token);
+            req.tokens.push(token);
             let reason = if req.eos_token_ids.contains(&token) {
                 Some(FinishReason::Eos)
-            } else if req.output.len() >= req.max_tokens {
+            } else if req.output().len() >= req.max_tokens {
                 Some(FinishReason::Length)
             } else {
                 None

@@ -9,7 +9,7 @@ use crate::weights::Weight;
 use crate::Result;
 
 /// Row count from which a dense GEMM beats candle's row-by-row quantized matmul on CPU
-/// (measured: prefill 157 → 276 tok/s on SmolLM2 with dense weights, decode much slower).
+/// (prefill vs llama.cpp with this split: `benches/e2e_vs_llamacpp.py`, `benches/RESULTS.md`).
 pub const DENSE_MIN_ROWS: usize = 8;
 
 /// A linear layer `y = x Wᵀ + b` over rows of `x` (`[num_tokens, in]`).
@@ -203,11 +203,6 @@ impl Mlp {
         let up = self.up.forward(x)?;
         self.down.forward(&(gate * up)?)
     }
-}
-
-/// Softmax over the last dimension (kept here so attention code reads plainly).
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    Ok(candle_nn::ops::softmax_last_dim(x)?)
 }
 
 /// Whether a GGUF type stores quantized blocks (as opposed to plain F32/F16/BF16 values).

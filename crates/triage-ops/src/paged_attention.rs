@@ -159,8 +159,7 @@ pub fn paged_attention(
     v_cache: &Tensor,
     meta: &PagedAttentionMetadata,
 ) -> Result<Tensor> {
-    let (num_tokens, _, _) = q.dims3()?;
-    meta.validate(num_tokens)?;
+    check_inputs(q, k_cache, v_cache, meta)?;
     if meta.query_lens.iter().all(|&n| n < GATHER_MIN_QUERIES) {
         return paged_attention_rows(q, k_cache, v_cache, meta);
     }
@@ -183,6 +182,30 @@ pub fn paged_attention(
         start += qlen;
     }
     Ok(Tensor::cat(&parts, 0)?)
+}
+
+/// Shapes of the query and caches agree with each other and with the metadata.
+fn check_inputs(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<()> {
+    let (num_tokens, num_heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, kd) = k_cache.dims4()?;
+    if kd != head_dim
+        || block_size != meta.block_size
+        || num_heads % kv_heads != 0
+        || v_cache.dims() != k_cache.dims()
+    {
+        return Err(OpsError::InvalidArgument(format!(
+            "q {:?}, k cache {:?}, v cache {:?}",
+            q.dims(),
+            k_cache.dims(),
+            v_cache.dims()
+        )));
+    }
+    meta.validate(num_tokens)
 }
 
 /// One sequence: gather its K/V through the block table, then dense causal attention.
@@ -219,21 +242,9 @@ fn paged_attention_rows(
     v_cache: &Tensor,
     meta: &PagedAttentionMetadata,
 ) -> Result<Tensor> {
+    // Shapes and metadata were checked once by `paged_attention`.
     let (num_tokens, num_heads, head_dim) = q.dims3()?;
-    let (_, block_size, kv_heads, kd) = k_cache.dims4()?;
-    if kd != head_dim
-        || block_size != meta.block_size
-        || num_heads % kv_heads != 0
-        || v_cache.dims() != k_cache.dims()
-    {
-        return Err(OpsError::InvalidArgument(format!(
-            "q {:?}, k cache {:?}, v cache {:?}",
-            q.dims(),
-            k_cache.dims(),
-            v_cache.dims()
-        )));
-    }
-    meta.validate(num_tokens)?;
+    let (_, block_size, kv_heads, _) = k_cache.dims4()?;
     let q = q.to_dtype(DType::F32)?.contiguous()?;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k_cache.storage_and_layout();
