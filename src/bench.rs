@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{EngineConfig, LlmEngine, StreamEvent};
+use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, StreamEvent};
 use triage_engine::sampler::SamplingParams;
 use triage_models::model::Model;
 
@@ -54,7 +54,7 @@ fn filler(model: &Model, n: usize, seed: usize) -> Result<Vec<u32>> {
 fn engine(model: &Arc<Model>, num_tokens: usize, max_num_seqs: usize) -> Result<LlmEngine> {
     let block_size = 16;
     let config = EngineConfig {
-        num_blocks: num_tokens.div_ceil(block_size) + 8,
+        kv_budget: KvBudget::Blocks(num_tokens.div_ceil(block_size) + 8),
         block_size,
         max_num_batched_tokens: 4096,
         max_num_seqs,

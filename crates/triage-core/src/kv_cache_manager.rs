@@ -198,6 +198,52 @@ impl KvCacheManager {
     pub fn unpin_prefix(&mut self, handle: &PrefixHandle) {
         handle.blocks.iter().for_each(|&b| self.pool.unpin(b));
     }
+
+    /// Pin the full blocks of `tokens` whose contents come from outside (a persisted prefix):
+    /// blocks already cached are reused, the rest are taken from the free queue and registered
+    /// under their hashes. Returns the handle and the indices (into `handle.blocks`) of the blocks
+    /// the caller must now fill; `None` (and nothing taken) when the pool is too small.
+    ///
+    /// The caller writes those blocks before the next step: until then they are cached but empty.
+    pub fn import_prefix(
+        &mut self,
+        tokens: &[u32],
+        salt: Option<&str>,
+    ) -> Option<(PrefixHandle, Vec<usize>)> {
+        let mut hashes = Vec::with_capacity(tokens.len() / self.block_size);
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let h = hash_block(parent, chunk, &self.model_id, salt);
+            hashes.push(h);
+            parent = Some(h);
+        }
+        let missing: Vec<usize> = (0..hashes.len())
+            .filter(|&i| self.pool.lookup(hashes[i]).is_none())
+            .collect();
+        let mut fresh = self.pool.allocate(missing.len())?.into_iter();
+        let mut blocks = Vec::with_capacity(hashes.len());
+        for h in &hashes {
+            let id = match self.pool.lookup(*h) {
+                Some(id) => id,
+                // Invariant: `fresh` holds exactly one block per missing hash, in order.
+                None => {
+                    let id = fresh.next()?;
+                    self.pool.cache(id, *h);
+                    id
+                }
+            };
+            self.pool.pin(id);
+            blocks.push(id);
+        }
+        // The fresh blocks came out of `allocate` with one reference; pinning keeps them now.
+        let taken: Vec<BlockId> = missing.iter().map(|&i| blocks[i]).collect();
+        self.pool.release(&taken);
+        let handle = PrefixHandle {
+            num_tokens: blocks.len() * self.block_size,
+            blocks,
+        };
+        Some((handle, missing))
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +261,41 @@ mod tests {
             m.pool().num_free() + m.pool().num_used(),
             m.pool().num_total()
         );
+    }
+
+    #[test]
+    fn imported_prefix_is_pinned_and_found_by_later_requests() {
+        let mut m = KvCacheManager::new(9, 4, "m", true);
+        let prefix = tokens(13, 5);
+        let (handle, to_fill) = m.import_prefix(&prefix, None).unwrap();
+        assert_eq!(handle.num_tokens, 12);
+        assert_eq!(to_fill, vec![0, 1, 2]);
+        assert_eq!(m.pool().num_used(), 3);
+        assert_accounting(&m);
+        // A second import needs no data: every block is already cached.
+        let (again, to_fill) = m.import_prefix(&prefix, None).unwrap();
+        assert_eq!(again, handle);
+        assert!(to_fill.is_empty());
+        let c = m.get_computed_blocks(&prefix, None);
+        assert_eq!(c.blocks, handle.blocks);
+        assert_eq!(c.num_computed_tokens, 12);
+        // Pinned blocks survive a request that wants every other block.
+        let big = tokens(20, 9);
+        let c = m.get_computed_blocks(&big, None);
+        assert!(m.allocate_slots(1, &big, 20, &c, None).is_some());
+        m.free(1);
+        assert_eq!(m.get_computed_blocks(&prefix, None).num_computed_tokens, 12);
+        m.unpin_prefix(&handle);
+        assert_eq!(m.pool().num_used(), 0);
+        assert_accounting(&m);
+    }
+
+    #[test]
+    fn import_into_a_full_pool_takes_nothing() {
+        let mut m = KvCacheManager::new(3, 4, "m", true);
+        assert!(m.import_prefix(&tokens(12, 1), None).is_none());
+        assert_eq!(m.pool().num_used(), 0);
+        assert_accounting(&m);
     }
 
     #[test]

@@ -120,6 +120,11 @@ impl Scheduler {
         &self.kv
     }
 
+    /// The KV cache manager, for pinning prefixes between steps.
+    pub fn kv_mut(&mut self) -> &mut KvCacheManager {
+        &mut self.kv
+    }
+
     pub fn add_request(&mut self, request: Request) {
         self.waiting.push_back(request);
     }

@@ -2,11 +2,14 @@
 //! the paged KV cache).
 #![deny(unsafe_code)]
 
+pub mod engine_set;
 pub mod entropy_monitor;
 pub mod error;
 pub mod generate;
 pub mod llm_engine;
+pub mod prefix_store;
 pub mod sampler;
 pub mod stop;
 
+pub use engine_set::EngineSet;
 pub use error::{EngineError, Result};

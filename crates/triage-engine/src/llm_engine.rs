@@ -22,10 +22,17 @@ use crate::sampler::Sampler;
 use crate::stop::StopChecker;
 use crate::{EngineError, Result};
 
+mod kv_budget;
+mod prefixes;
+
+pub use kv_budget::KvBudget;
+pub use prefixes::PrefixSource;
+
 /// Sizes of the cache and of one step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineConfig {
-    pub num_blocks: usize,
+    /// How much memory the model's KV blocks may take.
+    pub kv_budget: KvBudget,
     pub block_size: usize,
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
@@ -35,7 +42,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            num_blocks: 1024,
+            kv_budget: KvBudget::Blocks(1024),
             block_size: 16,
             max_num_batched_tokens: 2048,
             max_num_seqs: 64,
@@ -100,15 +107,19 @@ impl std::fmt::Debug for LlmEngine {
 impl LlmEngine {
     pub fn new(model: Arc<Model>, config: EngineConfig) -> Result<Self> {
         let cfg = model.transformer.config();
+        let bytes_per_block = PagedKvCache::bytes_per_block(cfg, config.block_size.max(1));
+        let num_blocks = config
+            .kv_budget
+            .num_blocks(bytes_per_block, model.transformer.device())?;
         let cache = PagedKvCache::new(
             cfg,
-            config.num_blocks,
+            num_blocks,
             config.block_size,
             0.0,
             model.transformer.device(),
         )?;
         let kv = KvCacheManager::new(
-            config.num_blocks,
+            num_blocks,
             config.block_size,
             &model.name,
             config.prefix_caching,

@@ -5,18 +5,26 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{EngineConfig, LlmEngine, StreamEvent, Usage};
+use triage_engine::llm_engine::{
+    EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent, Usage,
+};
+use triage_engine::prefix_store::PrefixMiss;
 use triage_engine::sampler::SamplingParams;
+use triage_engine::EngineSet;
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 
 fn tiny() -> (tempfile::TempDir, Arc<Model>) {
+    tiny_of(Architecture::Qwen2)
+}
+
+fn tiny_of(arch: Architecture) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     // F32 weights: batched decode (GEMM) and single decode then do the same arithmetic.
-    write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::F32).unwrap();
+    write_tiny_gguf(&path, &TinySpec::new(arch), GgmlDType::F32).unwrap();
     (
         dir,
         Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap()),
@@ -91,7 +99,7 @@ fn eight_concurrent_requests_equal_each_alone_with_and_without_prefix_cache() {
     let expected: Vec<_> = requests.iter().map(|r| alone(&model, r)).collect();
     for prefix_caching in [true, false] {
         let config = EngineConfig {
-            num_blocks: 128,
+            kv_budget: KvBudget::Blocks(128),
             block_size: 4,
             max_num_batched_tokens: 64,
             max_num_seqs: 8,
@@ -119,7 +127,7 @@ fn a_pool_too_small_forces_preemption_and_outputs_stay_identical() {
     let expected: Vec<_> = requests.iter().map(|r| alone(&model, r)).collect();
     // Each request needs up to 13 blocks of 4 tokens by its end; 24 blocks cannot hold 4 at once.
     let config = EngineConfig {
-        num_blocks: 25,
+        kv_budget: KvBudget::Blocks(25),
         block_size: 4,
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
@@ -137,7 +145,7 @@ fn a_pool_too_small_forces_preemption_and_outputs_stay_identical() {
 fn cancelling_mid_prefill_and_mid_decode_frees_blocks() {
     let (_dir, model) = tiny();
     let config = EngineConfig {
-        num_blocks: 64,
+        kv_budget: KvBudget::Blocks(64),
         block_size: 4,
         max_num_batched_tokens: 8,
         max_num_seqs: 8,
@@ -172,7 +180,7 @@ fn cancelling_mid_prefill_and_mid_decode_frees_blocks() {
 fn oversized_requests_are_refused_up_front() {
     let (_dir, model) = tiny();
     let config = EngineConfig {
-        num_blocks: 8,
+        kv_budget: KvBudget::Blocks(8),
         block_size: 4,
         max_num_batched_tokens: 64,
         max_num_seqs: 8,
@@ -181,4 +189,204 @@ fn oversized_requests_are_refused_up_front() {
     let mut engine = LlmEngine::new(model, config).unwrap();
     assert!(engine.add_request(&request(7)).is_err());
     assert!(!engine.has_unfinished());
+}
+
+fn config(num_blocks: usize) -> EngineConfig {
+    EngineConfig {
+        kv_budget: KvBudget::Blocks(num_blocks),
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+        prefix_caching: true,
+    }
+}
+
+/// A 30-token corpus prefix (7 full blocks of 4) and a question after it.
+fn corpus_and_question(model: &Model) -> (Vec<u32>, GenerateRequest) {
+    let corpus = model
+        .tokenizer
+        .encode(
+            "notes: the blue door opens at noon; the red one never",
+            false,
+            false,
+        )
+        .unwrap()[..30]
+        .to_vec();
+    let mut prompt = corpus.clone();
+    prompt.extend(
+        model
+            .tokenizer
+            .encode(" which door?", false, false)
+            .unwrap(),
+    );
+    let request = GenerateRequest {
+        prompt: Prompt::Tokens(prompt),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(8),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        entropy: EntropySettings::default(),
+    };
+    (corpus, request)
+}
+
+/// Run one request to the end on `engine`; its token ids and usage.
+fn run_one(engine: &mut LlmEngine, request: &GenerateRequest) -> (Vec<u32>, Usage) {
+    let (_, rx) = engine.add_request(request).unwrap();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let (mut ids, mut usage) = (Vec::new(), None);
+    for ev in rx.try_iter() {
+        match ev {
+            StreamEvent::Token(t, _) => ids.push(t.id),
+            StreamEvent::Finished { usage: u, .. } => usage = Some(u),
+            StreamEvent::Text(_) => {}
+        }
+    }
+    (ids, usage.expect("finished"))
+}
+
+#[test]
+fn a_persisted_prefix_survives_a_restart_and_gives_the_same_output() {
+    let (_dir, model) = tiny();
+    let store = tempfile::tempdir().unwrap();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+
+    let mut first = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (handle, source) = first.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Computed);
+    assert_eq!(handle.num_tokens, 28);
+    assert_eq!(
+        first.scheduler().kv().pool().num_used(),
+        7,
+        "only the pinned blocks stay"
+    );
+    let (ids, usage) = run_one(&mut first, &question);
+    assert_eq!(ids, expected);
+    assert_eq!(usage.cached_tokens, 28);
+    assert_eq!(first.scheduler().kv().pool().num_used(), 7);
+    drop(first);
+
+    // "Restart": a new engine with an empty pool finds the prefix on disk.
+    let mut second = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (handle2, source) = second.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    assert_eq!(handle2.num_tokens, 28);
+    let (ids, usage) = run_one(&mut second, &question);
+    assert_eq!(ids, expected, "restored KV gives the same greedy tokens");
+    assert_eq!(usage.cached_tokens, 28);
+    // Pinned again: the pool answers without touching the disk.
+    let (_, source) = second.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Cache);
+    second.unpin_prefix(&handle2);
+    second.unpin_prefix(&handle2);
+    assert_eq!(second.scheduler().kv().pool().num_used(), 0);
+}
+
+#[test]
+fn a_corrupt_or_foreign_prefix_file_is_a_miss_not_wrong_output() {
+    let (_dir, model) = tiny();
+    let store = tempfile::tempdir().unwrap();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (handle, _) = engine.pin_prefix(&corpus).unwrap();
+    let path = engine.save_prefix(&corpus, &handle, store.path()).unwrap();
+
+    // Flip one byte in the middle of the file: KV data (the header and token ids are small).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let mut fresh = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let miss = fresh
+        .load_prefix(&corpus, store.path())
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(miss, PrefixMiss::Mismatch(ref m) if m.contains("checksum")),
+        "{miss:?}"
+    );
+    assert_eq!(
+        fresh.scheduler().kv().pool().num_used(),
+        0,
+        "a miss takes no blocks"
+    );
+    let (_, source) = fresh.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Computed, "recomputed and rewritten");
+    assert_eq!(run_one(&mut fresh, &question).0, expected);
+
+    // Same name and tokens, another model: the key differs, so it is a miss.
+    let (_dir2, other) = tiny_of(Architecture::Llama);
+    let mut foreign = LlmEngine::new(other, config(64)).unwrap();
+    let miss = foreign
+        .load_prefix(&corpus, store.path())
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(miss, PrefixMiss::Mismatch(ref m) if m.contains("model_id")),
+        "{miss:?}"
+    );
+    assert_eq!(
+        foreign
+            .load_prefix(&corpus, tempfile::tempdir().unwrap().path())
+            .unwrap(),
+        Err(PrefixMiss::NotFound)
+    );
+}
+
+#[test]
+fn two_models_run_side_by_side_with_their_own_budgets() {
+    let (_d1, qwen) = tiny();
+    let (_d2, llama) = tiny_of(Architecture::Llama);
+    let requests: Vec<_> = (0..3).map(request).collect();
+    let mut set = EngineSet::new();
+    set.add("base", qwen.clone(), config(40)).unwrap();
+    let mib = EngineConfig {
+        kv_budget: "0.5MiB".parse().unwrap(),
+        ..config(0)
+    };
+    set.add("lc", llama.clone(), mib).unwrap();
+    assert!(
+        set.add("lc", llama.clone(), mib).is_err(),
+        "names are unique"
+    );
+    assert!(set.engine_mut("nope").is_err());
+    assert_eq!(
+        set.get("base").unwrap().scheduler().kv().pool().num_total(),
+        39
+    );
+    let cfg = llama.transformer.config();
+    let per_block = triage_models::paged_kv_cache::PagedKvCache::bytes_per_block(cfg, 4);
+    assert_eq!(
+        set.get("lc").unwrap().scheduler().kv().pool().num_total() + 1,
+        (512 * 1024) / per_block
+    );
+    let mut rxs = Vec::new();
+    for r in &requests {
+        for name in ["base", "lc"] {
+            rxs.push(set.engine_mut(name).unwrap().add_request(r).unwrap().1);
+        }
+    }
+    while set.has_unfinished() {
+        set.step().unwrap();
+    }
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let model = if i % 2 == 0 { &qwen } else { &llama };
+        let ids: Vec<u32> = rx
+            .try_iter()
+            .filter_map(|e| match e {
+                StreamEvent::Token(t, _) => Some(t.id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids, alone(model, &requests[i / 2]).0, "request {i}");
+    }
+    for name in ["base", "lc"] {
+        assert_eq!(set.get(name).unwrap().scheduler().kv().pool().num_used(), 0);
+    }
 }

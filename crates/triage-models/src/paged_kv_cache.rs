@@ -42,6 +42,61 @@ impl PagedKvCache {
         self.block_size
     }
 
+    /// Number of layers (one K and one V tensor each).
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
+    }
+
+    /// Copies of `blocks` from every layer: `(k, v)`, each `[blocks.len(), block_size, kv_heads,
+    /// head_dim]` per layer (what a persisted prefix stores).
+    pub fn read_blocks(&self, blocks: &[u32]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        let ids = Tensor::new(blocks, self.k[0].device())?;
+        let read = |t: &Tensor| t.index_select(&ids, 0);
+        let k = self
+            .k
+            .iter()
+            .map(read)
+            .collect::<candle_core::Result<_>>()?;
+        let v = self
+            .v
+            .iter()
+            .map(read)
+            .collect::<candle_core::Result<_>>()?;
+        Ok((k, v))
+    }
+
+    /// Overwrite `blocks` in every layer with `k[layer]` and `v[layer]`, shaped as
+    /// [`Self::read_blocks`] returns them.
+    pub fn write_blocks(&self, blocks: &[u32], k: &[Tensor], v: &[Tensor]) -> Result<()> {
+        if k.len() != self.k.len() || v.len() != self.v.len() {
+            return Err(crate::ModelError::Invalid(format!(
+                "{} K and {} V layers given, the cache has {}",
+                k.len(),
+                v.len(),
+                self.k.len()
+            )));
+        }
+        let bs = self.block_size;
+        let slots: Vec<u32> = blocks
+            .iter()
+            .flat_map(|&b| (0..bs as u32).map(move |i| b * bs as u32 + i))
+            .collect();
+        let slots = Tensor::new(slots.as_slice(), self.k[0].device())?;
+        for (cache, src) in self.k.iter().chain(&self.v).zip(k.iter().chain(v)) {
+            let (_, _, heads, dim) = cache.dims4()?;
+            if src.dims() != [blocks.len(), bs, heads, dim] {
+                return Err(crate::ModelError::Invalid(format!(
+                    "blocks of shape {:?} do not fit a cache of {:?}",
+                    src.dims(),
+                    cache.dims()
+                )));
+            }
+            let rows = src.reshape((blocks.len() * bs, heads, dim))?;
+            reshape_and_cache(cache, &rows, &slots)?;
+        }
+        Ok(())
+    }
+
     /// Bytes one block takes across all layers (K and V), for sizing pools from a memory budget.
     pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
         2 * config.num_layers

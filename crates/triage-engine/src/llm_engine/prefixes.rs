@@ -1,0 +1,194 @@
+//! Pinned prefixes of an `LlmEngine`: prefill once and keep resident (the routing pipeline pins
+//! each corpus in the long-context model), save to disk, and restore after a restart.
+
+use std::path::{Path, PathBuf};
+
+use triage_core::{hash_prefix, PrefixHandle};
+
+use super::LlmEngine;
+use crate::generate::{EntropySettings, GenerateRequest, Prompt};
+use crate::prefix_store::{self, PrefixKey, PrefixMiss, StoredPrefix};
+use crate::sampler::SamplingParams;
+use crate::{EngineError, Result};
+
+/// Where the KV of a pinned prefix came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixSource {
+    /// Already in the block pool.
+    Cache,
+    /// Read from a persisted file.
+    Disk,
+    /// Prefilled now.
+    Computed,
+}
+
+impl LlmEngine {
+    /// Identity of the model and cache layout that a persisted prefix must match: name, shapes,
+    /// and size and modification time of the weights (a cheap stand-in for hashing gigabytes).
+    pub fn model_fingerprint(&self) -> String {
+        let cfg = self.model.transformer.config();
+        let (len, mtime) = std::fs::metadata(&self.model.path)
+            .map(|m| {
+                let mtime = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                (m.len(), mtime)
+            })
+            .unwrap_or((0, 0));
+        format!(
+            "{}|{:?}|l{}|kv{}x{}|v{}|{len}|{mtime}",
+            self.model.name,
+            cfg.arch,
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.vocab_size
+        )
+    }
+
+    /// The part of `tokens` that fills whole blocks (only full blocks are cached and pinned).
+    fn full_blocks<'t>(&self, tokens: &'t [u32]) -> &'t [u32] {
+        let bs = self.scheduler.kv().block_size();
+        &tokens[..tokens.len() / bs * bs]
+    }
+
+    fn prefix_key(&self, full: &[u32]) -> PrefixKey {
+        let bs = self.scheduler.kv().block_size();
+        PrefixKey {
+            model_id: self.model_fingerprint(),
+            block_size: bs,
+            tokens_hash: hash_prefix(full, bs, &self.model.name, None)
+                .last()
+                .map_or(0, |h| h.0),
+        }
+    }
+
+    /// Keep the full blocks of `tokens` resident, prefilling them first unless already cached.
+    /// Other requests keep running while the prefix is prefilled.
+    pub fn pin_prefix(&mut self, tokens: &[u32]) -> Result<(PrefixHandle, PrefixSource)> {
+        let full = self.full_blocks(tokens).to_vec();
+        if let Some(handle) = self.scheduler.kv_mut().pin_prefix(&full, None) {
+            return Ok((handle, PrefixSource::Cache));
+        }
+        let request = GenerateRequest {
+            prompt: Prompt::Tokens(full.clone()),
+            params: SamplingParams {
+                temperature: 0.0,
+                max_tokens: Some(1),
+                ignore_eos: true,
+                ..SamplingParams::default()
+            },
+            entropy: EntropySettings::default(),
+        };
+        let (id, _rx) = self.add_request(&request)?;
+        while self.states.contains_key(&id) {
+            self.step()?;
+        }
+        self.scheduler
+            .kv_mut()
+            .pin_prefix(&full, None)
+            .map(|h| (h, PrefixSource::Computed))
+            .ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "prefix of {} tokens was evicted before it could be pinned (KV pool too small)",
+                    full.len()
+                ))
+            })
+    }
+
+    /// Let a pinned prefix be evicted again.
+    pub fn unpin_prefix(&mut self, handle: &PrefixHandle) {
+        self.scheduler.kv_mut().unpin_prefix(handle);
+    }
+
+    /// Write the pinned prefix `handle` of `tokens` under `dir`; returns the file written.
+    pub fn save_prefix(
+        &self,
+        tokens: &[u32],
+        handle: &PrefixHandle,
+        dir: &Path,
+    ) -> Result<PathBuf> {
+        let full = self.full_blocks(tokens);
+        if handle.num_tokens != full.len() {
+            return Err(EngineError::Invalid(format!(
+                "handle covers {} tokens, the prefix has {} in full blocks",
+                handle.num_tokens,
+                full.len()
+            )));
+        }
+        let key = self.prefix_key(full);
+        let (k, v) = self.cache.read_blocks(&handle.blocks)?;
+        let path = key.path_in(dir);
+        prefix_store::save(&path, &key, full, &StoredPrefix { k, v })?;
+        Ok(path)
+    }
+
+    /// Pin the prefix `tokens` from its file under `dir`. A missing, foreign or corrupt file is a
+    /// miss (`Ok(Err(..))`) and leaves the pool untouched.
+    pub fn load_prefix(
+        &mut self,
+        tokens: &[u32],
+        dir: &Path,
+    ) -> Result<std::result::Result<PrefixHandle, PrefixMiss>> {
+        let full = self.full_blocks(tokens).to_vec();
+        let key = self.prefix_key(&full);
+        let device = self.model.transformer.device().clone();
+        let num_layers = self.cache.num_layers();
+        let stored = match prefix_store::load(&key.path_in(dir), &key, &full, num_layers, &device)?
+        {
+            Ok(stored) => stored,
+            Err(miss) => return Ok(Err(miss)),
+        };
+        let Some((handle, to_fill)) = self.scheduler.kv_mut().import_prefix(&full, None) else {
+            return Err(EngineError::Invalid(format!(
+                "no room for a {}-token prefix in the KV pool",
+                full.len()
+            )));
+        };
+        if !to_fill.is_empty() {
+            let blocks: Vec<u32> = to_fill.iter().map(|&i| handle.blocks[i]).collect();
+            let rows = candle_core::Tensor::new(
+                to_fill
+                    .iter()
+                    .map(|&i| i as u32)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+                &device,
+            )?;
+            let pick = |t: &candle_core::Tensor| t.index_select(&rows, 0);
+            let k = stored
+                .k
+                .iter()
+                .map(pick)
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            let v = stored
+                .v
+                .iter()
+                .map(pick)
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            self.cache.write_blocks(&blocks, &k, &v)?;
+        }
+        Ok(Ok(handle))
+    }
+
+    /// Pin `tokens` as a long-lived prefix: from the pool if cached, else from its file under
+    /// `dir`, else prefill it now and save it there for the next start.
+    pub fn pin_persisted_prefix(
+        &mut self,
+        tokens: &[u32],
+        dir: &Path,
+    ) -> Result<(PrefixHandle, PrefixSource)> {
+        let full = self.full_blocks(tokens).to_vec();
+        if let Some(handle) = self.scheduler.kv_mut().pin_prefix(&full, None) {
+            return Ok((handle, PrefixSource::Cache));
+        }
+        if let Ok(handle) = self.load_prefix(&full, dir)? {
+            return Ok((handle, PrefixSource::Disk));
+        }
+        let (handle, source) = self.pin_prefix(&full)?;
+        self.save_prefix(&full, &handle, dir)?;
+        Ok((handle, source))
+    }
+}
