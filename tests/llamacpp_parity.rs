@@ -4,9 +4,11 @@
 //!
 //! Tolerances, measured 2026-11-29: llama.cpp's own f16-vs-f32 K/V cache choice moves SmolLM2's
 //! first-step logits by up to 1.3 and the 0.5B's by a few tenths, and flips near-ties; ours differ
-//! from llama.cpp's f32-cache run by at most 0.30 (0.5B) and 0.57 (SmolLM2). So the test asks for
-//! the same top-1 everywhere and the same top-5 set for the 0.5B, the same 32 greedy tokens on at least 4 of 5 prompts
-//! (a near-tie may flip one continuation), and a bounded max abs difference.
+//! from llama.cpp's f32-cache run by at most 0.37 (0.5B) and 0.78 (SmolLM2) since prompts under
+//! 64 tokens run through triage's Q8_0 kernel (int8 activations, as llama.cpp's do; it was 0.30
+//! and 0.57 when every prefill ran in f32). So the test asks for the same top-1 everywhere and
+//! the same top-5 set for the 0.5B, the same 32 greedy tokens on at least 4 of 5 prompts (a
+//! near-tie may flip one continuation), and a max abs difference inside llama.cpp's own spread.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -147,5 +149,5 @@ fn qwen_0_5b_matches_llama_cpp() {
 #[test]
 fn smollm2_matches_llama_cpp() {
     // SmolLM2 is the more sensitive model (see the module docs): its 5th place may swap with 6th.
-    check_model("smollm2-135m", 0.8, false);
+    check_model("smollm2-135m", 1.0, false);
 }

@@ -1,20 +1,31 @@
 //! Layers that hide the weight format: a `Linear` holds quantized blocks, a dense matrix, or both,
 //! and picks per call the form that is fastest for the number of rows.
 
+use std::sync::Arc;
+
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
+use triage_ops::{q8_matmul, Q8Matrix};
 
 use crate::config::RopeStyle;
 use crate::weights::Weight;
 use crate::Result;
 
-/// Row count from which a dense GEMM beats candle's row-by-row quantized matmul on CPU
-/// (prefill vs llama.cpp with this split: `benches/e2e_vs_llamacpp.py`, `benches/RESULTS.md`).
-pub const DENSE_MIN_ROWS: usize = 8;
+/// Row count from which a dense GEMM beats candle's quantized matmul on CPU for the K-quant
+/// types (prefill vs llama.cpp with this split: `benches/e2e_vs_llamacpp.py`, `benches/RESULTS.md`).
+pub const DENSE_MIN_ROWS: usize = 64;
+
+/// Row count from which a dense f32 GEMM beats triage's own Q8_0 kernel: below it the int8
+/// kernel reads a quarter of the bytes (decode, batched decode); above it the f32 GEMM's FMA
+/// throughput wins (AVX2 has no int8 dot instruction). `triage-ops/benches/ops_q8_matmul.rs`.
+pub const Q8_MAX_ROWS: usize = 64;
 
 /// A linear layer `y = x Wᵀ + b` over rows of `x` (`[num_tokens, in]`).
 #[derive(Debug, Clone)]
 pub struct Linear {
+    /// Q8_0 weights on CPU, for triage's batch-invariant int8 kernel.
+    q8: Option<Arc<Q8Matrix>>,
+    /// Other block-quantized weights (or Q8_0 off CPU), through candle.
     quantized: Option<QMatMul>,
     dense: Option<Tensor>,
     bias: Option<Tensor>,
@@ -29,18 +40,23 @@ impl Linear {
         dense_copy: bool,
         device: &Device,
     ) -> Result<Self> {
-        let (quantized, dense) = match weight {
+        let (mut q8, mut quantized, mut dense) = (None, None, None);
+        match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => {
-                let dense = if dense_copy {
-                    Some(q.dequantize(device)?)
+                if dense_copy {
+                    dense = Some(q.dequantize(device)?);
+                }
+                if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
+                    let (rows, cols) = q.shape().dims2()?;
+                    q8 = Some(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, &q.data()?)?));
                 } else {
-                    None
-                };
-                (Some(QMatMul::from_arc(q)?), dense)
+                    quantized = Some(QMatMul::from_arc(q)?);
+                }
             }
-            other => (None, Some(other.to_dense_f32(device)?)),
-        };
+            other => dense = Some(other.to_dense_f32(device)?),
+        }
         Ok(Self {
+            q8,
             quantized,
             dense,
             bias,
@@ -49,11 +65,12 @@ impl Linear {
 
     /// Output features.
     pub fn out_features(&self) -> Result<usize> {
-        match (&self.dense, &self.quantized) {
-            (Some(d), _) => Ok(d.dim(0)?),
-            (None, Some(QMatMul::QTensor(q))) => Ok(q.shape().dims()[0]),
-            (None, Some(QMatMul::Tensor(t) | QMatMul::TensorF16(t))) => Ok(t.dim(0)?),
-            (None, None) => Err(crate::ModelError::Invalid(
+        match (&self.q8, &self.dense, &self.quantized) {
+            (Some(q), _, _) => Ok(q.rows()),
+            (None, Some(d), _) => Ok(d.dim(0)?),
+            (None, None, Some(QMatMul::QTensor(q))) => Ok(q.shape().dims()[0]),
+            (None, None, Some(QMatMul::Tensor(t) | QMatMul::TensorF16(t))) => Ok(t.dim(0)?),
+            (None, None, None) => Err(crate::ModelError::Invalid(
                 "linear layer without weight".into(),
             )),
         }
@@ -62,11 +79,13 @@ impl Linear {
     /// `x`: `[rows, in]` f32 → `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
-        let y = match (&self.quantized, &self.dense) {
-            (Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => x.matmul(&w.t()?)?,
-            (Some(q), _) => q.forward(x)?,
-            (None, Some(w)) => x.matmul(&w.t()?)?,
-            (None, None) => {
+        let y = match (&self.q8, &self.quantized, &self.dense) {
+            (Some(_), _, Some(w)) if rows >= Q8_MAX_ROWS => x.matmul(&w.t()?)?,
+            (Some(q), _, _) => q8_matmul(x, q)?,
+            (None, Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => x.matmul(&w.t()?)?,
+            (None, Some(q), _) => q.forward(x)?,
+            (None, None, Some(w)) => x.matmul(&w.t()?)?,
+            (None, None, None) => {
                 return Err(crate::ModelError::Invalid(
                     "linear layer without weight".into(),
                 ))

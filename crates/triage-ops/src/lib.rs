@@ -6,9 +6,11 @@ pub mod causal_attention;
 pub mod error;
 pub mod logits_reduce;
 pub mod paged_attention;
+pub mod q8_matmul;
 
 pub use error::{OpsError, Result};
 pub use logits_reduce::{
     logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
     LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
 };
+pub use q8_matmul::{q8_matmul, q8_matmul_slow, Q8Matrix};

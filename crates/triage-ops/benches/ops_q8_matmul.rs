@@ -1,0 +1,96 @@
+//! `q8_matmul` (CPU) against its peers on the 0.5B's `ffn_up` shape (896 → 4,864): candle's
+//! quantized matmul on the same Q8_0 weights, and an f32 GEMM over the dequantized copy (what
+//! prefill used before). Rows 1 (decode), 16 (batched decode), 128 and 512 (prefill chunks).
+//! Then the LM head's shape (896 → 151,936: 130 MiB of Q8_0, beyond the caches, so the products
+//! read DRAM as a real decode step does) at 1 and 16 rows. Prints the peer/ours time ratios of
+//! the same process last.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use criterion::Criterion;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use triage_ops::{q8_matmul, Q8Matrix};
+
+const K: usize = 896;
+const N: usize = 4864;
+const ROWS: [usize; 4] = [1, 16, 128, 512];
+
+fn random(rows: usize, cols: usize, rng: &mut StdRng) -> Tensor {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    Tensor::from_vec(v, (rows, cols), &Device::Cpu).expect("shape")
+}
+
+fn main() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let w = random(N, K, &mut rng);
+    let q = QTensor::quantize(&w, GgmlDType::Q8_0).expect("quantize");
+    let ours = Q8Matrix::from_ggml_bytes(N, K, &q.data().expect("bytes")).expect("q8");
+    let dense = q.dequantize(&Device::Cpu).expect("dequantize");
+    let candle = QMatMul::from_qtensor(q).expect("qmatmul");
+    let inputs: Vec<Tensor> = ROWS.iter().map(|&m| random(m, K, &mut rng)).collect();
+
+    let mut c = Criterion::default().configure_from_args();
+    let mut group = c.benchmark_group("q8_matmul_cpu");
+    group.sample_size(10);
+    for (m, x) in ROWS.iter().zip(&inputs) {
+        group.bench_function(format!("ours_cpu/{m}x{K}x{N}"), |b| {
+            b.iter(|| q8_matmul(black_box(x), &ours).expect("valid"))
+        });
+        group.bench_function(format!("candle_q8_0_cpu/{m}x{K}x{N}"), |b| {
+            b.iter(|| candle.forward(black_box(x)).expect("valid"))
+        });
+        group.bench_function(format!("f32_gemm_cpu/{m}x{K}x{N}"), |b| {
+            b.iter(|| black_box(x).matmul(&dense.t().expect("t")).expect("valid"))
+        });
+    }
+    group.finish();
+
+    let time = |f: &dyn Fn()| {
+        f();
+        let start = Instant::now();
+        for _ in 0..5 {
+            f();
+        }
+        start.elapsed().as_secs_f64() / 5.0
+    };
+    for (m, x) in ROWS.iter().zip(&inputs) {
+        let t_ours = time(&|| drop(q8_matmul(x, &ours).expect("valid")));
+        let t_candle = time(&|| drop(candle.forward(x).expect("valid")));
+        let t_f32 = time(&|| drop(x.matmul(&dense.t().expect("t")).expect("valid")));
+        let gmac = (m * K * N) as f64 / 1e9;
+        println!(
+            "rows {m:>3}: ours {:.2} ms ({:.1} GMAC/s), candle Q8_0 {:.2} ms ({:.2}x ours), f32 GEMM {:.2} ms ({:.2}x ours)",
+            t_ours * 1e3,
+            gmac / t_ours,
+            t_candle * 1e3,
+            t_candle / t_ours,
+            t_f32 * 1e3,
+            t_f32 / t_ours
+        );
+    }
+
+    const VOCAB: usize = 151_936;
+    let w = random(VOCAB, K, &mut rng);
+    let q = QTensor::quantize(&w, GgmlDType::Q8_0).expect("quantize");
+    drop(w);
+    let ours = Q8Matrix::from_ggml_bytes(VOCAB, K, &q.data().expect("bytes")).expect("q8");
+    let candle = QMatMul::from_qtensor(q).expect("qmatmul");
+    for m in [1, 16] {
+        let x = random(m, K, &mut rng);
+        let t_ours = time(&|| drop(q8_matmul(&x, &ours).expect("valid")));
+        let t_candle = time(&|| drop(candle.forward(&x).expect("valid")));
+        let gib = (VOCAB * K) as f64 * 34.0 / 32.0 / (1u64 << 30) as f64;
+        println!(
+            "lm head, rows {m:>2}: ours {:.1} ms ({:.1} GiB/s of weights), candle Q8_0 {:.1} ms ({:.2}x ours)",
+            t_ours * 1e3,
+            gib / t_ours,
+            t_candle * 1e3,
+            t_candle / t_ours
+        );
+    }
+}

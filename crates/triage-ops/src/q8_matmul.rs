@@ -1,0 +1,231 @@
+//! `q8_matmul`: f32 activations times Q8_0 weights (GGML's blocks of 32 int8 values with one
+//! scale). The activations are quantized to the same blocks and the products run int8 by int8 in
+//! register tiles of 2 weight rows by 4 activation rows, so a weight block is loaded once for four
+//! rows and an activation block once for two (llamafile's tinyBLAS idea, written afresh).
+//!
+//! Batch invariance: every output element is one accumulator that sees the same operations in
+//! the same order whatever the tile shape, the number of rows or threads; a row gives the same
+//! bits alone as in a batch of 16 (the engine's batched == alone equivalence relies on it).
+
+use std::sync::Mutex;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::{OpsError, Result};
+
+mod cpu;
+
+/// Values per Q8_0 block.
+pub const QK8_0: usize = 32;
+/// Bytes of one GGML Q8_0 block: an f16 scale, then 32 int8 values.
+const GGML_BLOCK_BYTES: usize = 2 + QK8_0;
+/// Weight rows per parallel task: 16 rows of a 4,864-wide matrix (78 KiB) stay in L2 while the
+/// activation rows stream past them.
+const TASK_ROWS: usize = 16;
+/// Activation rows reused against one task's weights before moving on (at most 311 KiB at 4,864
+/// columns, so they stay in L2 too).
+const ROW_CHUNK: usize = 64;
+
+/// A row-major matrix `[rows, cols]` in Q8_0: int8 values and one f32 scale per 32 of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q8Matrix {
+    rows: usize,
+    cols: usize,
+    /// `[rows, cols / 32]`.
+    scales: Vec<f32>,
+    /// `[rows, cols]`.
+    quants: Vec<i8>,
+}
+
+impl Q8Matrix {
+    /// From GGML's Q8_0 bytes (`rows * cols / 32` blocks of 34 bytes), e.g. a GGUF tensor.
+    pub fn from_ggml_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
+        check_cols(cols)?;
+        let num_blocks = rows * cols / QK8_0;
+        if bytes.len() != num_blocks * GGML_BLOCK_BYTES {
+            return Err(OpsError::InvalidArgument(format!(
+                "Q8_0 [{rows}, {cols}] needs {} bytes, got {}",
+                num_blocks * GGML_BLOCK_BYTES,
+                bytes.len()
+            )));
+        }
+        let mut scales = Vec::with_capacity(num_blocks);
+        let mut quants = Vec::with_capacity(rows * cols);
+        for block in bytes.chunks_exact(GGML_BLOCK_BYTES) {
+            scales.push(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
+            quants.extend(block[2..].iter().map(|&b| b as i8));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            scales,
+            quants,
+        })
+    }
+
+    /// Quantize row-major f32 `values` (`[rows, cols]`) exactly as GGML's `quantize_row_q8_0`
+    /// does: per block d = max |x| / 127, values rounded to nearest of x · (1/d), and d stored
+    /// as f16. Matching GGML bit for bit keeps triage's products those of llama.cpp.
+    pub fn quantize(rows: usize, cols: usize, values: &[f32]) -> Result<Self> {
+        check_cols(cols)?;
+        if values.len() != rows * cols {
+            return Err(OpsError::InvalidArgument(format!(
+                "{} values for a [{rows}, {cols}] matrix",
+                values.len()
+            )));
+        }
+        let mut scales = vec![0f32; rows * cols / QK8_0];
+        let mut quants = vec![0i8; rows * cols];
+        for ((x, q), scale) in values
+            .chunks_exact(QK8_0)
+            .zip(quants.chunks_exact_mut(QK8_0))
+            .zip(scales.iter_mut())
+        {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (q, v) in q.iter_mut().zip(x) {
+                *q = (v * inv).round() as i8;
+            }
+            *scale = half::f16::from_f32(d).to_f32();
+        }
+        Ok(Self {
+            rows,
+            cols,
+            scales,
+            quants,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The matrix as f32 (scale times value).
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.quants
+            .chunks_exact(QK8_0)
+            .zip(&self.scales)
+            .flat_map(|(q, &d)| q.iter().map(move |&v| d * v as f32))
+            .collect()
+    }
+}
+
+fn check_cols(cols: usize) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(QK8_0) {
+        return Err(OpsError::InvalidArgument(format!(
+            "Q8_0 rows need a positive multiple of {QK8_0} columns, got {cols}"
+        )));
+    }
+    Ok(())
+}
+
+/// `x Wᵀ` for `x` `[m, k]` (f32, CPU) and `w` `[n, k]`: `[m, n]` f32.
+pub fn q8_matmul(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    if k != w.cols {
+        return Err(OpsError::InvalidArgument(format!(
+            "q8_matmul: x has {k} columns, the weights {}",
+            w.cols
+        )));
+    }
+    if !x.device().is_cpu() {
+        return Err(OpsError::InvalidArgument(
+            "q8_matmul runs on CPU tensors".into(),
+        ));
+    }
+    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let a = Q8Matrix::quantize(m, k, &values)?;
+    let out = q8_matmul_quantized(&a, w);
+    Ok(Tensor::from_vec(out, (m, w.rows), &Device::Cpu)?)
+}
+
+/// `a Wᵀ` for already quantized activations: `[a.rows, w.rows]` row-major.
+pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix) -> Vec<f32> {
+    let (m, n) = (a.rows, w.rows);
+    // Each task owns TASK_ROWS rows of the transposed output `[n, m]`. The tasks run on candle's
+    // own thread pool: a second pool (rayon) would spin against candle's workers between the
+    // ops of a layer, which on 2 cores cost a sixth of single-stream decode.
+    let mut out_t = vec![0f32; n * m];
+    let use_avx2 = cpu::has_avx2_fma();
+    let tasks: Vec<Mutex<&mut [f32]>> = out_t
+        .chunks_mut(TASK_ROWS * m.max(1))
+        .map(Mutex::new)
+        .collect();
+    candle_core::utils::barrier_pool().execute_chunked(tasks.len(), |range| {
+        for task in range {
+            // Each task index comes once, so the lock is never contended (and never poisoned:
+            // nothing in `tiles` panics on the shapes checked above).
+            let Ok(mut dst) = tasks[task].lock() else {
+                continue;
+            };
+            let w0 = task * TASK_ROWS;
+            let num_w = dst.len() / m.max(1);
+            for a0 in (0..m).step_by(ROW_CHUNK) {
+                let num_a = ROW_CHUNK.min(m - a0);
+                cpu::tiles(use_avx2, w, w0, num_w, a, a0, num_a, &mut dst);
+            }
+        }
+    });
+    drop(tasks);
+    if m == 1 {
+        return out_t;
+    }
+    let mut out = vec![0f32; m * n];
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            out[i * n + j] = *v;
+        }
+    }
+    out
+}
+
+/// Reference: the same quantization written with basic tensor ops, then a plain f32 matmul.
+pub fn q8_matmul_slow(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let blocks = x.to_dtype(DType::F32)?.reshape((m, k / QK8_0, QK8_0))?;
+    let amax = blocks.abs()?.max_keepdim(2)?;
+    let d = amax.broadcast_div(&Tensor::new(127f32, x.device())?)?;
+    // All-zero blocks: any finite inverse works (their values stay 0).
+    let safe = d.eq(0f32)?.where_cond(&d.ones_like()?, &d)?;
+    let q = blocks.broadcast_mul(&safe.recip()?)?.round()?;
+    let scale = d.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
+    let xq = q.broadcast_mul(&scale)?.reshape((m, k))?;
+    let wf = Tensor::from_vec(w.dequantize(), (w.rows, w.cols), x.device())?;
+    Ok(xq.matmul(&wf.t()?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(rows: usize, cols: usize, seed: u32) -> Q8Matrix {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) ^ seed) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        Q8Matrix::quantize(rows, cols, &values).unwrap()
+    }
+
+    #[test]
+    fn portable_and_avx2_tiles_agree() {
+        let (w, a) = (matrix(7, 96, 1), matrix(5, 96, 2));
+        let run = |use_avx2: bool| {
+            let mut dst = vec![0f32; w.rows * a.rows];
+            cpu::tiles(use_avx2, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
+            dst
+        };
+        let portable = run(false);
+        let best = run(cpu::has_avx2_fma());
+        for (p, b) in portable.iter().zip(&best) {
+            assert!((p - b).abs() <= 1e-5 * (1.0 + p.abs()), "{p} vs {b}");
+        }
+        assert!(
+            portable.iter().any(|v| v.abs() > 1e-3),
+            "non-trivial products"
+        );
+    }
+}
