@@ -73,6 +73,25 @@ pub enum StreamEvent {
     },
 }
 
+/// Where a request's events go: a channel, or whatever the caller wraps (the server wraps an
+/// async channel). A sink whose listener has gone gets its request cancelled, so a client that
+/// disconnects frees its blocks.
+pub trait EventSink: Send {
+    /// Deliver one event; `false` when nobody listens any more.
+    fn send(&mut self, event: StreamEvent) -> bool;
+    /// Whether the listener has gone, checked before every step (so a request is cancelled even
+    /// while it waits for its first token).
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
+impl EventSink for Sender<StreamEvent> {
+    fn send(&mut self, event: StreamEvent) -> bool {
+        Sender::send(self, event).is_ok()
+    }
+}
+
 struct SeqState {
     sampler: Sampler,
     stop: StopChecker,
@@ -82,7 +101,7 @@ struct SeqState {
     stop_token_ids: Vec<u32>,
     prompt_tokens: usize,
     completion_tokens: usize,
-    tx: Sender<StreamEvent>,
+    tx: Box<dyn EventSink>,
 }
 
 /// A continuous-batching engine for one model.
@@ -159,6 +178,19 @@ impl LlmEngine {
         &mut self,
         request: &GenerateRequest,
     ) -> Result<(RequestId, Receiver<StreamEvent>)> {
+        let (tx, rx) = channel();
+        let id = self.add_request_with_sink(request, Box::new(tx))?;
+        Ok((id, rx))
+    }
+
+    /// Queue a request whose events go to `sink`. Invalid parameters, a prompt that does not fit
+    /// the context or the pool, or a chat the template cannot render are errors here, before
+    /// anything is queued.
+    pub fn add_request_with_sink(
+        &mut self,
+        request: &GenerateRequest,
+        sink: Box<dyn EventSink>,
+    ) -> Result<RequestId> {
         let params = &request.params;
         params.validate()?;
         let prompt = tokenize_prompt(&self.model, &request.prompt)?;
@@ -173,7 +205,6 @@ impl LlmEngine {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let (tx, rx) = channel();
         let state = SeqState {
             sampler: Sampler::new(params.clone(), &prompt)?,
             stop: StopChecker::new(&params.stop)?,
@@ -183,12 +214,27 @@ impl LlmEngine {
             stop_token_ids: params.stop_token_ids.clone(),
             prompt_tokens: prompt.len(),
             completion_tokens: 0,
-            tx,
+            tx: sink,
         };
         self.states.insert(id, state);
         self.scheduler
             .add_request(Request::new(id, prompt, max_tokens));
-        Ok((id, rx))
+        Ok(id)
+    }
+
+    /// Requests waiting to be scheduled (for queue limits and metrics).
+    pub fn num_waiting(&self) -> usize {
+        self.scheduler.num_waiting()
+    }
+
+    /// Requests holding KV blocks.
+    pub fn num_running(&self) -> usize {
+        self.scheduler.num_running()
+    }
+
+    /// The model this engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
     }
 
     /// Stop a request now and free its blocks; its channel gets `Finished { Cancelled }`.
@@ -199,6 +245,13 @@ impl LlmEngine {
 
     /// Run one step. Returns the number of tokens run (0 when there is nothing to do).
     pub fn step(&mut self) -> Result<usize> {
+        let gone: Vec<RequestId> = self
+            .states
+            .iter()
+            .filter(|(_, s)| s.tx.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        gone.into_iter().for_each(|id| self.cancel(id));
         let plan = self.scheduler.schedule();
         self.num_preemptions += plan.preempted.len();
         if plan.scheduled.is_empty() {
@@ -299,9 +352,11 @@ impl LlmEngine {
                 .step(&self.model.tokenizer, token)?
                 .unwrap_or_default();
             let checked = state.stop.push(&piece);
-            let _ = state.tx.send(StreamEvent::Token(out, checked.text));
+            let listening = state.tx.send(StreamEvent::Token(out, checked.text));
             if checked.matched.is_some() {
                 stopped.push((id, FinishReason::Stop));
+            } else if !listening {
+                stopped.push((id, FinishReason::Cancelled));
             }
         }
         for (id, reason) in stopped {

@@ -390,3 +390,56 @@ fn two_models_run_side_by_side_with_their_own_budgets() {
         assert_eq!(set.get(name).unwrap().scheduler().kv().pool().num_used(), 0);
     }
 }
+
+/// A listener that goes away after `limit` tokens, like a client that disconnects.
+struct LeavingClient {
+    tokens: Arc<std::sync::atomic::AtomicUsize>,
+    limit: usize,
+}
+
+impl triage_engine::llm_engine::EventSink for LeavingClient {
+    fn send(&mut self, event: StreamEvent) -> bool {
+        use std::sync::atomic::Ordering;
+        if matches!(event, StreamEvent::Token(..)) {
+            self.tokens.fetch_add(1, Ordering::SeqCst);
+        }
+        self.tokens.load(Ordering::SeqCst) < self.limit
+    }
+
+    fn is_closed(&self) -> bool {
+        self.tokens.load(std::sync::atomic::Ordering::SeqCst) >= self.limit
+    }
+}
+
+#[test]
+fn a_listener_that_leaves_cancels_its_request_and_frees_blocks() {
+    let (_dir, model) = tiny();
+    let mut engine = LlmEngine::new(model, config(64)).unwrap();
+    let tokens = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sink = LeavingClient {
+        tokens: tokens.clone(),
+        limit: 3,
+    };
+    let mut long = request(2);
+    long.params.max_tokens = Some(40);
+    engine.add_request_with_sink(&long, Box::new(sink)).unwrap();
+    let (_, rx) = engine.add_request(&request(1)).unwrap();
+    let mut steps = 0;
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+        steps += 1;
+    }
+    assert_eq!(tokens.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert!(steps < 40, "the leaving request did not run to max_tokens");
+    assert_eq!(engine.scheduler().kv().pool().num_used(), 0);
+    let done = rx.try_iter().any(|e| {
+        matches!(
+            e,
+            StreamEvent::Finished {
+                reason: FinishReason::Length,
+                ..
+            }
+        )
+    });
+    assert!(done, "the other request still finishes normally");
+}
