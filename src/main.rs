@@ -1,4 +1,4 @@
-//! The `triage` command line: fetch and list models, generate text.
+//! The `triage` command line: fetch and list models, generate text, serve the API, benchmark.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -27,11 +27,31 @@ enum Command {
     },
     /// Generate text with one model.
     Generate(GenerateArgs),
+    /// Serve the OpenAI-compatible API (chat, completions, models, health, metrics).
+    Serve(ServeArgs),
     /// Benchmarks through the batching engine.
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML file: host, port, api_key, limits and the models with roles and KV budgets.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Address to bind (default 127.0.0.1: loopback only).
+    #[arg(long)]
+    host: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+    /// Require `Authorization: Bearer KEY` on every /v1 request.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Serve this model (name or path) instead of the config's list; repeatable.
+    #[arg(long = "model")]
+    models: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -122,8 +142,28 @@ fn run(cli: Cli) -> Result<()> {
             command: ModelsCommand::List,
         } => models_list(),
         Command::Generate(args) => generate(args),
+        Command::Serve(args) => {
+            init_logging();
+            triage::serve::serve(triage::serve::ServeOverrides {
+                config: args.config,
+                host: args.host,
+                port: args.port,
+                api_key: args.api_key,
+                models: args.models,
+            })
+        }
         Command::Bench { command } => bench(command),
     }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default: info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn load(name_or_path: &str) -> Result<std::sync::Arc<Model>> {

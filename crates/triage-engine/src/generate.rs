@@ -135,6 +135,12 @@ pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
     if ids.is_empty() {
         return Err(EngineError::Invalid("the prompt is empty".into()));
     }
+    let vocab = model.transformer.config().vocab_size;
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(EngineError::Invalid(format!(
+            "token id {bad} is outside the vocabulary (0..{vocab})"
+        )));
+    }
     Ok(ids)
 }
 

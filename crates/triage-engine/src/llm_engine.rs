@@ -9,8 +9,11 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 use triage_core::{
-    FinishReason as CoreFinish, KvCacheManager, Request, RequestId, Scheduler, SchedulerConfig,
+    FinishReason as CoreFinish, KvCacheManager, Request, Scheduler, SchedulerConfig,
 };
+
+/// A request's handle inside one engine.
+pub use triage_core::RequestId;
 use triage_models::model::Model;
 use triage_models::paged_kv_cache::{PagedKvCache, PagedStep, SeqStep};
 use triage_ops::{logits_reduce, MAX_TOP_K};
@@ -112,6 +115,7 @@ pub struct LlmEngine {
     states: HashMap<RequestId, SeqState>,
     next_id: RequestId,
     num_preemptions: usize,
+    num_abandoned: usize,
 }
 
 impl std::fmt::Debug for LlmEngine {
@@ -154,6 +158,7 @@ impl LlmEngine {
             states: HashMap::new(),
             next_id: 1,
             num_preemptions: 0,
+            num_abandoned: 0,
         })
     }
 
@@ -165,6 +170,11 @@ impl LlmEngine {
     /// Requests preempted (blocks taken back, recomputed later) since the engine started.
     pub fn num_preemptions(&self) -> usize {
         self.num_preemptions
+    }
+
+    /// Requests cancelled because their listener went away (a client disconnected).
+    pub fn num_abandoned(&self) -> usize {
+        self.num_abandoned
     }
 
     /// Whether any request is waiting or running.
@@ -243,6 +253,12 @@ impl LlmEngine {
         self.finish(id, FinishReason::Cancelled, cached);
     }
 
+    /// Cancel every request (after a failed step, or at a forced shutdown).
+    pub fn cancel_all(&mut self) {
+        let ids: Vec<RequestId> = self.states.keys().copied().collect();
+        ids.into_iter().for_each(|id| self.cancel(id));
+    }
+
     /// Run one step. Returns the number of tokens run (0 when there is nothing to do).
     pub fn step(&mut self) -> Result<usize> {
         let gone: Vec<RequestId> = self
@@ -251,6 +267,7 @@ impl LlmEngine {
             .filter(|(_, s)| s.tx.is_closed())
             .map(|(&id, _)| id)
             .collect();
+        self.num_abandoned += gone.len();
         gone.into_iter().for_each(|id| self.cancel(id));
         let plan = self.scheduler.schedule();
         self.num_preemptions += plan.preempted.len();
@@ -356,6 +373,7 @@ impl LlmEngine {
             if checked.matched.is_some() {
                 stopped.push((id, FinishReason::Stop));
             } else if !listening {
+                self.num_abandoned += 1;
                 stopped.push((id, FinishReason::Cancelled));
             }
         }

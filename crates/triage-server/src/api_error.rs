@@ -1,0 +1,173 @@
+//! `ApiError`: the one place where failures become HTTP responses, with OpenAI's body
+//! `{"error": {"message", "type", "param", "code"}}`. Client mistakes are 4xx and logged at debug
+//! level; only internal failures are 500s and logged as errors.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use triage_engine::EngineError;
+
+/// An error answer to an HTTP request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 400: the request is malformed or asks for something invalid.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 400 naming the offending parameter.
+    pub fn invalid_param(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_string()),
+            ..Self::invalid(message)
+        }
+    }
+
+    pub fn model_not_found(model: &str, known: &[String]) -> Self {
+        Self {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                format!("The model `{model}` does not exist; this server has {known:?}"),
+            )
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "Missing or incorrect API key: send `Authorization: Bearer <key>`",
+            )
+        }
+    }
+
+    pub fn queue_full(model: &str, limit: usize) -> Self {
+        Self {
+            code: Some("queue_full"),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("model `{model}` already holds {limit} requests; retry later"),
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, format!("no route for {path}"))
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed on this route",
+        )
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+
+    /// 500: our fault. Logged here, once.
+    pub fn internal(message: impl Into<String>) -> Self {
+        let message = message.into();
+        tracing::error!(%message, "internal error");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
+    /// An error from the body-reading layer (too large → 413, unreadable → 400).
+    pub fn from_body_rejection(status: StatusCode, message: String) -> Self {
+        Self {
+            code: (status == StatusCode::PAYLOAD_TOO_LARGE).then_some("request_too_large"),
+            ..Self::new(status, message)
+        }
+    }
+
+    /// An engine error for a request being added: every such error is the request's fault
+    /// (parameters, a prompt beyond the context, a chat the template cannot render) except
+    /// tensor failures.
+    pub fn from_admission(error: EngineError) -> Self {
+        match error {
+            EngineError::InvalidSampling { param, message } => Self::invalid_param(param, message),
+            e @ EngineError::ContextOverflow { .. } => Self {
+                code: Some("context_length_exceeded"),
+                ..Self::invalid_param("max_tokens", e.to_string())
+            },
+            EngineError::Candle(e) => Self::internal(e.to_string()),
+            EngineError::Ops(e) => Self::internal(e.to_string()),
+            e => Self::invalid(e.to_string()),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The OpenAI error object.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_client_error() {
+            tracing::debug!(status = %self.status, message = %self.message, "client error");
+        }
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_admission_errors_are_client_errors_with_params() {
+        let e = ApiError::from_admission(EngineError::InvalidSampling {
+            param: "top_p",
+            message: "must be in (0, 1]".into(),
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["param"], "top_p");
+        assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        let e = ApiError::from_admission(EngineError::ContextOverflow {
+            prompt_tokens: 10,
+            max_tokens: 5,
+            context_length: 12,
+        });
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
+    }
+}

@@ -1,0 +1,324 @@
+//! The HTTP application: routes, the API-key check, request counting, and `serve` with graceful
+//! shutdown (stop accepting, let in-flight requests finish within a deadline, stop the engines).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::api_error::ApiError;
+use crate::config::ServerConfig;
+use crate::generation::{collect, stream_response, RequestTimer, Ticket};
+use crate::metrics::{Metrics, RequestLabels};
+use crate::responses::{Endpoint, ResponseMeta};
+use crate::wire::{ChatCompletionRequest, CommonParams, CompletionRequest};
+use crate::worker::EngineWorker;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    pub workers: Vec<Arc<EngineWorker>>,
+    pub metrics: Arc<Metrics>,
+    pub config: ServerConfig,
+    started: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    pub fn new(config: ServerConfig, workers: Vec<EngineWorker>) -> Arc<Self> {
+        Arc::new(Self {
+            workers: workers.into_iter().map(Arc::new).collect(),
+            metrics: Arc::new(Metrics::default()),
+            config,
+            started: unix_now(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn worker(&self, model: &str) -> Result<&Arc<EngineWorker>, ApiError> {
+        self.workers
+            .iter()
+            .find(|w| w.name == model)
+            .ok_or_else(|| {
+                let known: Vec<String> = self.workers.iter().map(|w| w.name.clone()).collect();
+                ApiError::model_not_found(model, &known)
+            })
+    }
+
+    fn response_id(&self, prefix: &str) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{:x}{n:06x}", self.started)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// All routes. `/v1/*` sits behind the API key when one is configured; `/health` and
+/// `/metrics` stay open.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(list_models))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+/// Equal-length byte strings compared without an early exit, so the time taken does not tell
+/// how much of a guessed key was right (the length itself is not secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn require_api_key(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+async fn count_requests(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let response = next.run(request).await;
+    let labels = RequestLabels {
+        endpoint,
+        status: response.status().as_u16(),
+    };
+    state.metrics.requests.get_or_create(&labels).inc();
+    response
+}
+
+/// The body as `T`, or a 4xx: too large (413), not JSON or the wrong shape (400).
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| ApiError::from_body_rejection(r.status(), r.body_text()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let models: Vec<&str> = state.workers.iter().map(|w| w.name.as_str()).collect();
+    Json(json!({"status": "ok", "models": models}))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&state.workers);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let data: Vec<serde_json::Value> = state
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "id": w.name,
+                "object": "model",
+                "created": state.started,
+                "owned_by": "triage",
+                "max_model_len": w.model.context_length(),
+                "triage": {"role": w.role},
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: ChatCompletionRequest = parse_body(body)?;
+    state.worker(&request.common.model)?;
+    let endpoint = Endpoint::Chat {
+        logprobs: request.logprobs,
+    };
+    let generate = request.to_generate()?;
+    run(&state, &request.common, endpoint, "chatcmpl", generate).await
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: CompletionRequest = parse_body(body)?;
+    state.worker(&request.common.model)?;
+    let endpoint = Endpoint::Completion {
+        logprobs: request.logprobs.is_some(),
+    };
+    let generate = request.to_generate()?;
+    run(&state, &request.common, endpoint, "cmpl", generate).await
+}
+
+/// Admit the request to its model's engine, then stream or collect the answer.
+async fn run(
+    state: &Arc<AppState>,
+    common: &CommonParams,
+    endpoint: Endpoint,
+    id_prefix: &str,
+    generate: triage_engine::generate::GenerateRequest,
+) -> Result<Response, ApiError> {
+    let worker = state.worker(&common.model)?.clone();
+    let ticket = Ticket::take(&worker, state.config.max_pending_requests)?;
+    let timer = RequestTimer::new(state.metrics.clone(), &worker.name);
+    let rx = worker
+        .submit(generate)
+        .await
+        .map_err(ApiError::from_admission)?;
+    let meta = ResponseMeta {
+        id: state.response_id(id_prefix),
+        created: unix_now(),
+        model: worker.name.clone(),
+        endpoint,
+    };
+    if common.stream {
+        let include_usage = common.include_usage();
+        return Ok(stream_response(
+            rx,
+            timer,
+            meta,
+            worker,
+            include_usage,
+            ticket,
+        ));
+    }
+    let response = collect(rx, timer, &meta, &worker).await;
+    drop(ticket);
+    response
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// Serve until `shutdown` resolves; then stop accepting, give in-flight requests
+/// `shutdown_timeout_s` to finish, cancel whatever is left and stop the engine threads.
+pub async fn serve(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let graceful = async move {
+        shutdown.await;
+        tracing::info!("shutting down: no new connections, finishing in-flight requests");
+        let _ = signalled_tx.send(());
+    };
+    let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(graceful);
+    let deadline = Duration::from_secs(state.config.shutdown_timeout_s);
+    let timed_out = tokio::select! {
+        result = server => { result?; false }
+        _ = async {
+            match signalled_rx.await {
+                Ok(()) => tokio::time::sleep(deadline).await,
+                Err(_) => std::future::pending::<()>().await,
+            }
+        } => true,
+    };
+    if timed_out {
+        tracing::warn!("shutdown deadline passed with requests in flight; cancelling them");
+    }
+    let workers = state.workers.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        for w in &workers {
+            w.shutdown(timed_out);
+        }
+    })
+    .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret!"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

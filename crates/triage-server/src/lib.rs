@@ -1,0 +1,18 @@
+//! `triage serve`: an OpenAI-compatible HTTP server over the engine (axum + tokio). The only
+//! crate that knows HTTP and OpenAI's wire types.
+#![forbid(unsafe_code)]
+
+pub mod api_error;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod generation;
+pub mod metrics;
+pub mod responses;
+pub mod wire;
+pub mod worker;
+
+pub use app::{router, serve, shutdown_signal, AppState};
+pub use config::{ModelEntry, ServerConfig};
+pub use error::{Result, ServerError};
+pub use worker::EngineWorker;

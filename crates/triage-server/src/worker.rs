@@ -1,0 +1,195 @@
+//! `EngineWorker`: one OS thread per model that owns its `LlmEngine` and steps it while requests
+//! are in flight. Handlers talk to it through a command channel; tokens come back through each
+//! request's async channel. The engine stays synchronous and knows nothing of tokio.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::{mpsc as async_mpsc, oneshot};
+use triage_engine::generate::GenerateRequest;
+use triage_engine::llm_engine::RequestId;
+use triage_engine::llm_engine::{EngineConfig, EventSink, LlmEngine, StreamEvent};
+use triage_engine::EngineError;
+use triage_models::model::Model;
+
+use crate::Result;
+
+/// Forwards engine events into a tokio channel; closed once the handler drops its receiver
+/// (the client went away), which makes the engine cancel the request.
+struct AsyncSink(async_mpsc::UnboundedSender<StreamEvent>);
+
+impl EventSink for AsyncSink {
+    fn send(&mut self, event: StreamEvent) -> bool {
+        self.0.send(event).is_ok()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+enum Command {
+    Add {
+        request: Box<GenerateRequest>,
+        sink: AsyncSink,
+        reply: oneshot::Sender<std::result::Result<RequestId, EngineError>>,
+    },
+    /// Stop once idle; with `cancel`, cancel whatever is still running first.
+    Shutdown { cancel: bool },
+}
+
+/// Counters the worker publishes after every step, read by `/metrics` and the queue limit.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    pub running: AtomicUsize,
+    pub waiting: AtomicUsize,
+    pub blocks_used: AtomicUsize,
+    pub blocks_total: AtomicUsize,
+    /// Requests cancelled because their client went away.
+    pub abandoned: AtomicUsize,
+}
+
+/// A served model: its engine thread and what handlers need to know about it.
+pub struct EngineWorker {
+    pub name: String,
+    pub role: String,
+    pub model: Arc<Model>,
+    pub stats: Arc<EngineStats>,
+    /// Requests accepted and not yet finished (queued in the channel, waiting or running).
+    pub pending: AtomicUsize,
+    commands: Mutex<Sender<Command>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EngineWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineWorker")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl EngineWorker {
+    /// Start the engine thread for `model`.
+    pub fn spawn(name: &str, role: &str, model: Arc<Model>, config: EngineConfig) -> Result<Self> {
+        let engine = LlmEngine::new(model.clone(), config)?;
+        let stats = Arc::new(EngineStats::default());
+        publish(&engine, &stats);
+        let (tx, rx) = mpsc::channel();
+        let thread_stats = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("engine-{name}"))
+            .spawn(move || run(engine, rx, &thread_stats))?;
+        Ok(Self {
+            name: name.to_string(),
+            role: role.to_string(),
+            model,
+            stats,
+            pending: AtomicUsize::new(0),
+            commands: Mutex::new(tx),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queue `request`; its events arrive on the returned receiver. Admission errors (bad
+    /// parameters, a prompt beyond the context) come back here.
+    pub async fn submit(
+        &self,
+        request: GenerateRequest,
+    ) -> std::result::Result<async_mpsc::UnboundedReceiver<StreamEvent>, EngineError> {
+        let (tx, rx) = async_mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Add {
+            request: Box::new(request),
+            sink: AsyncSink(tx),
+            reply,
+        };
+        let stopped = || EngineError::Invalid("the engine has stopped".into());
+        self.commands
+            .lock()
+            .map_err(|_| stopped())?
+            .send(command)
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())??;
+        Ok(rx)
+    }
+
+    /// Stop the thread once its requests are done (or cancelled, with `cancel`), blocking until
+    /// it has.
+    pub fn shutdown(&self, cancel: bool) {
+        if let Ok(tx) = self.commands.lock() {
+            let _ = tx.send(Command::Shutdown { cancel });
+        }
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn publish(engine: &LlmEngine, stats: &EngineStats) {
+    let pool = engine.scheduler().kv().pool();
+    stats.running.store(engine.num_running(), Ordering::Relaxed);
+    stats.waiting.store(engine.num_waiting(), Ordering::Relaxed);
+    stats.blocks_used.store(pool.num_used(), Ordering::Relaxed);
+    stats
+        .blocks_total
+        .store(pool.num_total(), Ordering::Relaxed);
+    stats
+        .abandoned
+        .store(engine.num_abandoned(), Ordering::Relaxed);
+}
+
+/// The engine thread: take commands (blocking only when idle), step, publish counters.
+fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) {
+    let mut stopping = false;
+    loop {
+        loop {
+            let next = if engine.has_unfinished() || stopping {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        stopping = true;
+                        break;
+                    }
+                }
+            } else {
+                match commands.recv() {
+                    Ok(c) => c,
+                    Err(_) => return,
+                }
+            };
+            match next {
+                Command::Add {
+                    request,
+                    sink,
+                    reply,
+                } => {
+                    let added = engine.add_request_with_sink(&request, Box::new(sink));
+                    let _ = reply.send(added);
+                }
+                Command::Shutdown { cancel } => {
+                    stopping = true;
+                    if cancel {
+                        engine.cancel_all();
+                    }
+                }
+            }
+        }
+        if engine.has_unfinished() {
+            if let Err(e) = engine.step() {
+                // A tensor failure mid-step: end every request (their clients see the stream
+                // stop with what they had) rather than loop on the same failure.
+                tracing::error!(error = %e, "engine step failed; cancelling its requests");
+                engine.cancel_all();
+            }
+        }
+        publish(&engine, stats);
+        if stopping && !engine.has_unfinished() {
+            return;
+        }
+    }
+}

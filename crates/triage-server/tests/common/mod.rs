@@ -1,0 +1,182 @@
+//! A real listening server on a tiny random model, for the integration tests.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use candle_core::quantized::GgmlDType;
+use serde_json::Value;
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_server::{AppState, EngineWorker, ModelEntry, ServerConfig};
+
+pub const MODEL: &str = "tiny";
+
+pub struct TestServer {
+    pub url: String,
+    pub state: Arc<AppState>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// Start on a free loopback port with `edit` applied to the default test config.
+    pub async fn start(edit: impl FnOnce(&mut ServerConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        // A long context, so a test can start a generation that outlives its client.
+        let spec = TinySpec {
+            context_length: 4096,
+            ..TinySpec::new(Architecture::Qwen2)
+        };
+        write_tiny_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
+        let mut config = ServerConfig {
+            models: vec![ModelEntry {
+                path: Some(path.display().to_string()),
+                block_size: 4,
+                ..ModelEntry::named(MODEL, "base", "2048blocks")
+            }],
+            shutdown_timeout_s: 5,
+            ..ServerConfig::default()
+        };
+        edit(&mut config);
+        config.validate().unwrap();
+        let model = Model::load(MODEL, &path, &LoadOptions::default()).unwrap();
+        let entry = &config.models[0];
+        let worker = EngineWorker::spawn(
+            &entry.name,
+            &entry.role,
+            Arc::new(model),
+            entry.engine_config().unwrap(),
+        )
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let state = AppState::new(config, vec![worker]);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(triage_server::serve(state.clone(), listener, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            url,
+            state,
+            shutdown: Some(tx),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    /// Ask for a graceful shutdown (as SIGTERM does).
+    pub fn signal_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    pub fn blocks_used(&self) -> usize {
+        self.state.workers[0]
+            .stats
+            .blocks_used
+            .load(Ordering::SeqCst)
+    }
+
+    pub fn abandoned(&self) -> usize {
+        self.state.workers[0].stats.abandoned.load(Ordering::SeqCst)
+    }
+
+    pub fn pending(&self) -> usize {
+        self.state.workers[0].pending.load(Ordering::SeqCst)
+    }
+
+    /// Wait until no KV block is used and no request is pending (the engine frees blocks
+    /// asynchronously after a client leaves).
+    pub async fn wait_idle(&self) {
+        let start = Instant::now();
+        while self.blocks_used() != 0 || self.pending() != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still {} blocks used, {} pending",
+                self.blocks_used(),
+                self.pending()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Wait until the engine has cancelled `n` requests whose clients left.
+    pub async fn wait_abandoned(&self, n: usize) {
+        let start = Instant::now();
+        while self.abandoned() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{} abandoned requests, expected {n}",
+                self.abandoned()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let r = reqwest::get(format!("{}{path}", self.url)).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+
+    /// POST a streaming request and return its `data:` payloads in order.
+    pub async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let r = reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        sse_data(&r.text().await.unwrap())
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.signal_shutdown();
+    }
+}
+
+/// The `data:` payloads of an event stream (keep-alive comments skipped).
+pub fn sse_data(text: &str) -> Vec<String> {
+    text.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")))
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}
+
+pub fn chat_body(content: &str, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+    })
+}

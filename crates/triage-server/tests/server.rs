@@ -1,0 +1,538 @@
+//! `triage serve` end to end on a tiny random model: every endpoint, streaming and not,
+//! logprobs, stop strings, auth, cancellation, the queue limit, graceful shutdown, a table of
+//! hostile requests, a bounded load test, and the official `openai` Python client.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{chat_body, sse_data, TestServer, MODEL};
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_answers_in_openai_shapes() {
+    let server = TestServer::start(|_| {}).await;
+    let (status, body) = server.get("/health").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "ok"
+    );
+
+    let (status, body) = server.get("/v1/models").await;
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["object"], "model");
+
+    let (status, chat) = server
+        .post("/v1/chat/completions", &chat_body("hello", 6))
+        .await;
+    assert_eq!(status, 200, "{chat}");
+    assert_eq!(chat["object"], "chat.completion");
+    assert!(chat["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &chat["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string());
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["logprobs"], Value::Null);
+    assert_eq!(choice["triage"]["entropies"].as_array().unwrap().len(), 6);
+    assert!(choice["triage"]["mean_entropy"].as_f64().unwrap() > 0.0);
+    let usage = &chat["usage"];
+    assert_eq!(usage["completion_tokens"], 6);
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + 6
+    );
+    assert!(usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+
+    let body = json!({"model": MODEL, "prompt": "the sun", "max_tokens": 5, "temperature": 0, "ignore_eos": true});
+    let (status, completion) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(completion["object"], "text_completion");
+    assert!(completion["choices"][0]["text"].is_string());
+    assert_eq!(completion["usage"]["completion_tokens"], 5);
+
+    // The engine publishes its gauges after the step that finished the request.
+    server.wait_idle().await;
+    let (status, metrics) = server.get("/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "triage_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1",
+        "triage_time_to_first_token_seconds_count{model=\"tiny\"} 2",
+        "triage_inter_token_latency_seconds_count{model=\"tiny\"} 9",
+        "triage_requests_running{model=\"tiny\"} 0",
+        "triage_requests_waiting{model=\"tiny\"} 0",
+        "triage_kv_blocks_used{model=\"tiny\"} 0",
+        "triage_kv_blocks_total{model=\"tiny\"} 2047",
+        "triage_prefix_cache_queries_total{model=\"tiny\"}",
+        "triage_prefix_cache_hits_total{model=\"tiny\"}",
+        "triage_prompt_tokens_total{model=\"tiny\"}",
+        "triage_generation_tokens_total{model=\"tiny\"} 11",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_gives_the_same_text_as_a_plain_request() {
+    let server = TestServer::start(|_| {}).await;
+    let (_, plain) = server
+        .post("/v1/chat/completions", &chat_body("stream me", 8))
+        .await;
+    let mut body = chat_body("stream me", 8);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let events = server.stream("/v1/chat/completions", &body).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        text,
+        plain["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+    let entropies = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["triage"]["entropies"].is_array())
+        .count();
+    assert_eq!(entropies, 8, "every token's entropy is streamed");
+
+    let body = json!({"model": MODEL, "prompt": "abc", "max_tokens": 3, "stream": true, "ignore_eos": true});
+    let events = server.stream("/v1/completions", &body).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let tokens = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["triage"].is_object())
+        .count();
+    assert_eq!(tokens, 3);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage without include_usage"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_in_both_formats() {
+    let server = TestServer::start(|_| {}).await;
+    let mut body = chat_body("probabilities", 4);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let (status, chat) = server.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{chat}");
+    let content = chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap();
+    assert_eq!(content.len(), 4);
+    for entry in content {
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        assert!(entry["bytes"].is_array());
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        let best = top[0]["logprob"].as_f64().unwrap();
+        assert!((entry["logprob"].as_f64().unwrap() - best).abs() < 1e-3);
+    }
+    let body = json!({"model": MODEL, "prompt": "xyz", "max_tokens": 3, "logprobs": 2, "temperature": 0, "ignore_eos": true});
+    let (status, completion) = server.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{completion}");
+    let lp = &completion["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 3);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 3);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    assert_eq!(lp["text_offset"][0], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_cut_the_output() {
+    let server = TestServer::start(|_| {}).await;
+    let body = json!({"model": MODEL, "prompt": "aaaa", "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let (_, full) = server.post("/v1/completions", &body).await;
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the greedy output: everything before it comes back.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 6, "greedy output too short: {text:?}");
+    let stop: String = chars[3..5].iter().collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    let mut stopped = body.clone();
+    stopped["stop"] = json!([stop]);
+    let (status, out) = server.post("/v1/completions", &stopped).await;
+    assert_eq!(status, 200);
+    assert_eq!(out["choices"][0]["text"], cut);
+    assert_eq!(out["choices"][0]["finish_reason"], "stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_guards_v1_but_not_health() {
+    let server = TestServer::start(|c| c.api_key = Some("sk-test".into())).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/models", server.url);
+    let none = client.get(&url).send().await.unwrap();
+    assert_eq!(none.status(), 401);
+    let body: Value = none.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let wrong = client
+        .get(&url)
+        .bearer_auth("sk-tesT")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let right = client
+        .get(&url)
+        .bearer_auth("sk-test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 200);
+    let chat = client
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&chat_body("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 401);
+    assert_eq!(server.get("/health").await.0, 200);
+    assert_eq!(server.get("/metrics").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_frees_its_blocks() {
+    let server = TestServer::start(|_| {}).await;
+    let mut body = chat_body("a long answer please", 4000);
+    body["stream"] = json!(true);
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    use futures_util::StreamExt;
+    // Read until a token has arrived (the request holds blocks), then hang up.
+    let mut seen = String::new();
+    while !seen.contains("entropies") {
+        let bytes = stream.next().await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    drop(stream);
+    // The engine notices at its next step and cancels; it does not run the 4,000 tokens.
+    server.wait_abandoned(1).await;
+    server.wait_idle().await;
+    // Non-streaming too: a request whose client times out is cancelled.
+    let slow = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&chat_body("a long answer please", 4000))
+        .timeout(Duration::from_millis(30))
+        .send()
+        .await;
+    assert!(slow.is_err(), "the client gave up first");
+    server.wait_abandoned(2).await;
+    server.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429() {
+    let server = TestServer::start(|c| c.max_pending_requests = 1).await;
+    let mut body = chat_body("hold the slot", 4000);
+    body["stream"] = json!(true);
+    let busy = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(busy.status(), 200);
+    let (status, error) = server
+        .post("/v1/chat/completions", &chat_body("me too", 2))
+        .await;
+    assert_eq!(status, 429);
+    assert_eq!(error["error"]["code"], "queue_full");
+    drop(busy);
+    server.wait_idle().await;
+    let (status, _) = server
+        .post("/v1/chat/completions", &chat_body("now", 2))
+        .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_requests_finish_then_stops() {
+    let mut server = TestServer::start(|_| {}).await;
+    let mut body = chat_body("finish me", 40);
+    body["stream"] = json!(true);
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    server.signal_shutdown();
+    let events = sse_data(&response.text().await.unwrap());
+    assert_eq!(
+        events.last().unwrap(),
+        "[DONE]",
+        "the in-flight stream ran to its end"
+    );
+    let task = server.task.take().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("server stopped")
+        .unwrap()
+        .unwrap();
+    assert!(
+        reqwest::get(format!("{}/health", server.url))
+            .await
+            .is_err(),
+        "no longer accepting"
+    );
+}
+
+/// Malformed or hostile requests and the status each must get.
+fn bad_requests() -> Vec<(&'static str, &'static str, String, u16)> {
+    let chat = "/v1/chat/completions";
+    let cmpl = "/v1/completions";
+    let ok_msgs = r#"[{"role":"user","content":"hi"}]"#;
+    let with = |extra: &str| format!(r#"{{"model":"tiny","messages":{ok_msgs},{extra}}}"#);
+    vec![
+        ("POST", chat, "".into(), 400),
+        ("POST", chat, "{".into(), 400),
+        ("POST", chat, "[]".into(), 400),
+        ("POST", chat, "null".into(), 400),
+        ("POST", chat, r#"{"messages":[]}"#.into(), 400),
+        (
+            "POST",
+            chat,
+            format!(r#"{{"model":"gpt-9","messages":{ok_msgs}}}"#),
+            404,
+        ),
+        ("POST", chat, r#"{"model":"tiny"}"#.into(), 400),
+        (
+            "POST",
+            chat,
+            r#"{"model":"tiny","messages":"hi"}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            chat,
+            r#"{"model":"tiny","messages":[]}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            chat,
+            r#"{"model":"tiny","messages":[{"role":"alien","content":"x"}]}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            chat,
+            r#"{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#
+                .into(),
+            400,
+        ),
+        ("POST", chat, with(r#""temperature":-1"#), 400),
+        ("POST", chat, with(r#""temperature":"hot""#), 400),
+        ("POST", chat, with(r#""top_p":0"#), 400),
+        ("POST", chat, with(r#""top_p":1.5"#), 400),
+        ("POST", chat, with(r#""presence_penalty":3"#), 400),
+        ("POST", chat, with(r#""frequency_penalty":-2.5"#), 400),
+        ("POST", chat, with(r#""max_tokens":-5"#), 400),
+        ("POST", chat, with(r#""max_tokens":0"#), 400),
+        ("POST", chat, with(r#""max_tokens":100000"#), 400),
+        ("POST", chat, with(r#""n":3"#), 400),
+        (
+            "POST",
+            chat,
+            with(r#""logprobs":true,"top_logprobs":50"#),
+            400,
+        ),
+        ("POST", chat, with(r#""stop":["a","b","c","d","e"]"#), 400),
+        ("POST", chat, with(r#""stop":[""]"#), 400),
+        ("POST", chat, with(r#""seed":"abc""#), 400),
+        (
+            "POST",
+            chat,
+            format!(
+                r#"{{"model":"tiny","messages":[{{"role":"user","content":"{}"}}]}}"#,
+                "word ".repeat(2000)
+            ),
+            400,
+        ),
+        ("POST", cmpl, r#"{"model":"tiny"}"#.into(), 400),
+        (
+            "POST",
+            cmpl,
+            r#"{"model":"tiny","prompt":["a","b"]}"#.into(),
+            400,
+        ),
+        ("POST", cmpl, r#"{"model":"tiny","prompt":""}"#.into(), 400),
+        (
+            "POST",
+            cmpl,
+            r#"{"model":"tiny","prompt":[999999]}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            cmpl,
+            r#"{"model":"tiny","prompt":"x","echo":true}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            cmpl,
+            r#"{"model":"tiny","prompt":"x","logprobs":21}"#.into(),
+            400,
+        ),
+        (
+            "POST",
+            cmpl,
+            format!(r#"{{"model":"tiny","prompt":"{}"}}"#, "x".repeat(70_000)),
+            413,
+        ),
+        ("GET", chat, "".into(), 405),
+        ("DELETE", "/v1/models", "".into(), 405),
+        ("GET", "/v1/nothing", "".into(), 404),
+        ("GET", "/../../etc/passwd", "".into(), 404),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_get_client_errors_and_the_server_stays_up() {
+    let server = TestServer::start(|c| c.max_body_bytes = 64 * 1024).await;
+    let client = reqwest::Client::new();
+    let cases = bad_requests();
+    assert!(cases.len() >= 25);
+    for (method, path, body, expected) in cases {
+        let request = client
+            .request(method.parse().unwrap(), format!("{}{path}", server.url))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        let short: String = body.chars().take(80).collect();
+        assert_eq!(status, expected, "{method} {path} {short}: {text}");
+        let error: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
+            panic!("{method} {path} {short}: not an OpenAI error body: {text}")
+        });
+        assert!(error["error"]["message"].is_string(), "{text}");
+        assert!(error["error"]["type"].is_string(), "{text}");
+    }
+    assert_eq!(server.get("/health").await.0, 200);
+    server.wait_idle().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_test_64_streaming_clients() {
+    let server = TestServer::start(|c| c.models[0].max_num_seqs = 64).await;
+    let url = format!("{}/v1/chat/completions", server.url);
+    let client = reqwest::Client::new();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let (client, url) = (client.clone(), url.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ttfts = Vec::new();
+            let mut errors = 0;
+            for j in 0..3 {
+                let mut body = chat_body(&format!("client {i} request {j}"), 8);
+                body["stream"] = json!(true);
+                let sent = Instant::now();
+                let Ok(response) = client.post(&url).json(&body).send().await else {
+                    errors += 1;
+                    continue;
+                };
+                if response.status() != 200 {
+                    errors += 1;
+                    continue;
+                }
+                use futures_util::StreamExt;
+                let mut stream = response.bytes_stream();
+                let mut text = String::new();
+                let mut first = None;
+                while let Some(Ok(bytes)) = stream.next().await {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                    if first.is_none() && text.contains("\"triage\"") {
+                        first = Some(sent.elapsed());
+                    }
+                }
+                match (first, text.trim_end().ends_with("data: [DONE]")) {
+                    (Some(t), true) => ttfts.push(t),
+                    _ => errors += 1,
+                }
+            }
+            (ttfts, errors)
+        }));
+    }
+    let mut ttfts = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (mut times, e) = t.await.unwrap();
+        ttfts.append(&mut times);
+        errors += e;
+    }
+    ttfts.sort();
+    let pct = |p: f64| ttfts[((ttfts.len() - 1) as f64 * p) as usize];
+    server.wait_idle().await;
+    eprintln!(
+        "load: 64 clients x 3 requests in {:.1} s, errors {errors}, ttft p50 {:?} p95 {:?}, blocks in use after {}",
+        start.elapsed().as_secs_f64(),
+        pct(0.5),
+        pct(0.95),
+        server.blocks_used()
+    );
+    assert_eq!(errors, 0);
+    assert_eq!(ttfts.len(), 192);
+    assert_eq!(server.blocks_used(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_client_works_unchanged() {
+    let server = TestServer::start(|c| c.api_key = Some("sk-python".into())).await;
+    let python = std::env::var("TRIAGE_TEST_PYTHON").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/pyenv/bin/python").to_string()
+    });
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(script)
+        .arg(format!("{}/v1", server.url))
+        .arg("sk-python")
+        .arg(MODEL)
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot run {python}: {e}; scripts/test installs the openai client there")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "openai client failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}

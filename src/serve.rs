@@ -1,0 +1,92 @@
+//! `triage serve`: load the configured models, start one engine thread each, and serve the
+//! OpenAI-compatible API until Ctrl-C or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_server::{AppState, EngineWorker, ModelEntry, ServerConfig};
+
+use crate::resolve;
+
+/// Command-line overrides of the config file.
+#[derive(Debug, Default)]
+pub struct ServeOverrides {
+    pub config: Option<PathBuf>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub api_key: Option<String>,
+    /// Serve these models (names or paths) instead of the config's list.
+    pub models: Vec<String>,
+}
+
+/// The config file (or the defaults) with the command line's overrides applied.
+pub fn server_config(o: ServeOverrides) -> Result<ServerConfig> {
+    let mut config = match &o.config {
+        Some(path) => ServerConfig::from_file(path)?,
+        None => ServerConfig::default(),
+    };
+    if let Some(host) = o.host {
+        config.host = host;
+    }
+    if let Some(port) = o.port {
+        config.port = port;
+    }
+    if o.api_key.is_some() {
+        config.api_key = o.api_key;
+    }
+    if !o.models.is_empty() {
+        config.models = o
+            .models
+            .iter()
+            .map(|m| ModelEntry {
+                path: Some(m.clone()),
+                ..ModelEntry::named(m, "base", "1GiB")
+            })
+            .collect();
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Load every model and start its engine thread.
+pub fn start_workers(config: &ServerConfig) -> Result<Vec<EngineWorker>> {
+    let mut workers = Vec::with_capacity(config.models.len());
+    for entry in &config.models {
+        let spec = entry.path.as_deref().unwrap_or(&entry.name);
+        let (_, path) = resolve::resolve_model(spec)?;
+        tracing::info!(model = %entry.name, path = %path.display(), role = %entry.role, "loading");
+        let model = Model::load(&entry.name, &path, &LoadOptions::default())
+            .with_context(|| format!("loading model {}", path.display()))?;
+        let worker = EngineWorker::spawn(
+            &entry.name,
+            &entry.role,
+            Arc::new(model),
+            entry.engine_config()?,
+        )?;
+        workers.push(worker);
+    }
+    Ok(workers)
+}
+
+/// Run the server until a shutdown signal.
+pub fn serve(overrides: ServeOverrides) -> Result<()> {
+    let config = server_config(overrides)?;
+    let workers = start_workers(&config)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", config.host, config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(%addr, auth = config.api_key.is_some(), "serving the OpenAI API");
+        let state = AppState::new(config, workers);
+        triage_server::serve(state, listener, triage_server::shutdown_signal()).await?;
+        Ok(())
+    })
+}
