@@ -84,7 +84,8 @@ pub fn serve(overrides: ServeOverrides) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        tracing::info!(%addr, auth = config.api_key.is_some(), "serving the OpenAI API");
+        let bound = listener.local_addr().context("reading the bound address")?;
+        tracing::info!(addr = %bound, auth = config.api_key.is_some(), "serving the OpenAI API");
         let state = AppState::new(config, workers);
         triage_server::serve(state, listener, triage_server::shutdown_signal()).await?;
         Ok(())

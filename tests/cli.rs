@@ -1,5 +1,5 @@
-//! The `triage` binary end to end on tiny models: `generate --json` output shape, and bad input
-//! giving a clear error and a non-zero exit, never a panic.
+//! The `triage` binary end to end on tiny models: `generate --json` output shape, `serve` up and
+//! down on SIGTERM, and bad input giving a clear error and a non-zero exit, never a panic.
 
 use std::process::{Command, Output};
 
@@ -265,4 +265,62 @@ fn bench_commands_print_their_json_shapes() {
         &triage(&["bench", "decode", "--model", &model, "--concurrency", "0"]),
         "positive",
     );
+}
+
+#[test]
+fn serve_answers_then_exits_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args(["serve", "--model", &model, "--port", "0"])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start triage serve");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    let mut line = String::new();
+    while addr.is_none() && stderr.read_line(&mut line).unwrap() > 0 {
+        addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .map(str::to_string);
+        line.clear();
+    }
+    let addr = addr.expect("the server logs the address it bound");
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"status\":\"ok\""), "{reply}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("shutting down"), "{rest}");
+    assert!(!rest.contains("panicked"), "{rest}");
+}
+
+#[test]
+fn serve_refuses_bad_configs_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = triage(&["serve", "--config", "/nonexistent/triage.toml"]);
+    assert_clean_failure(&out, "/nonexistent/triage.toml");
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "prot = 8080\n").unwrap();
+    let out = triage(&["serve", "--config", config.to_str().unwrap()]);
+    assert_clean_failure(&out, "unknown field");
+    let out = triage(&["serve", "--model", "/nonexistent/model.gguf", "--port", "0"]);
+    assert_clean_failure(&out, "/nonexistent/model.gguf");
 }

@@ -234,4 +234,17 @@ mod tests {
         let defaults = ServerConfig::from_toml("").unwrap();
         assert_eq!(defaults, ServerConfig::default());
     }
+
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("```toml\n")
+            .expect("a toml block in the README")
+            + 8;
+        let end = start + readme[start..].find("```").expect("closed block");
+        let config = ServerConfig::from_toml(&readme[start..end]).unwrap();
+        assert_eq!(config.api_key.as_deref(), Some("sk-local"));
+        assert_eq!(config.models.len(), 2);
+    }
 }
