@@ -6,6 +6,7 @@ pub mod bench;
 pub mod catalog;
 pub mod fetch;
 pub mod resolve;
+pub mod retrieve;
 pub mod serve;
 
 pub use triage_engine::entropy_monitor::{

@@ -29,6 +29,10 @@ enum Command {
     Generate(GenerateArgs),
     /// Serve the OpenAI-compatible API (chat, completions, models, health, metrics).
     Serve(ServeArgs),
+    /// Add documents to a corpus (text, Markdown, JSON/JSONL records; folders recursively).
+    Ingest(IngestArgs),
+    /// Search a corpus.
+    Retrieve(RetrieveArgs),
     /// Benchmarks through the batching engine.
     Bench {
         #[command(subcommand)]
@@ -52,6 +56,51 @@ struct ServeArgs {
     /// Serve this model (name or path) instead of the config's list; repeatable.
     #[arg(long = "model")]
     models: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct IngestArgs {
+    #[arg(long)]
+    corpus: String,
+    /// Files or folders to add (changed documents replace their old chunks).
+    paths: Vec<std::path::PathBuf>,
+    /// Remove a document by id; repeatable.
+    #[arg(long)]
+    delete: Vec<String>,
+    /// Sentence embedder: a default model's name or a sentence-transformers folder.
+    #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+    embedder: String,
+    /// Chunk size in embedder tokens.
+    #[arg(long, default_value_t = 256)]
+    chunk_tokens: usize,
+    /// Tokens shared by consecutive windows of a paragraph longer than a chunk.
+    #[arg(long, default_value_t = 32)]
+    overlap_tokens: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct RetrieveArgs {
+    #[arg(long)]
+    corpus: String,
+    query: String,
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    mode: Mode,
+    #[arg(long, default_value_t = 10)]
+    k: usize,
+    /// The embedder the corpus was built with, when it is not a default model.
+    #[arg(long)]
+    embedder: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Mode {
+    Dense,
+    Bm25,
+    Hybrid,
 }
 
 #[derive(Subcommand)]
@@ -152,8 +201,74 @@ fn run(cli: Cli) -> Result<()> {
                 models: args.models,
             })
         }
+        Command::Ingest(args) => ingest(args),
+        Command::Retrieve(args) => retrieve(args),
         Command::Bench { command } => bench(command),
     }
+}
+
+fn ingest(args: IngestArgs) -> Result<()> {
+    let chunker = triage_retrieval::ChunkerConfig {
+        max_tokens: args.chunk_tokens,
+        overlap_tokens: args.overlap_tokens,
+    };
+    let report = triage::retrieve::ingest(
+        &args.corpus,
+        &args.paths,
+        &args.delete,
+        &args.embedder,
+        chunker,
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{}: {} added, {} updated, {} unchanged, {} deleted; {} chunks embedded, {} in all",
+            args.corpus,
+            report.added,
+            report.updated,
+            report.unchanged,
+            report.deleted,
+            report.chunks_embedded,
+            report.chunks_total
+        );
+    }
+    Ok(())
+}
+
+fn retrieve(args: RetrieveArgs) -> Result<()> {
+    let mode = match args.mode {
+        Mode::Dense => triage_retrieval::SearchMode::Dense,
+        Mode::Bm25 => triage_retrieval::SearchMode::Bm25,
+        Mode::Hybrid => triage_retrieval::SearchMode::Hybrid,
+    };
+    let out = triage::retrieve::retrieve(
+        &args.corpus,
+        &args.query,
+        mode,
+        args.k,
+        args.embedder.as_deref(),
+    )?;
+    if args.json {
+        println!("{out}");
+        return Ok(());
+    }
+    for hit in out["hits"].as_array().into_iter().flatten() {
+        let text: String = hit["text"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(100)
+            .collect();
+        println!(
+            "{:>2}. {:.4}  {}  {}",
+            hit["rank"],
+            hit["score"].as_f64().unwrap_or(0.0),
+            hit["document"].as_str().unwrap_or(""),
+            text.replace('\n', " ")
+        );
+    }
+    Ok(())
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default: info).

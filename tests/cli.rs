@@ -324,3 +324,173 @@ fn serve_refuses_bad_configs_clearly() {
     let out = triage(&["serve", "--model", "/nonexistent/model.gguf", "--port", "0"]);
     assert_clean_failure(&out, "/nonexistent/model.gguf");
 }
+
+fn triage_home(home: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args(args)
+        .env("TRIAGE_HOME", home)
+        .output()
+        .expect("run triage")
+}
+
+#[test]
+fn ingest_then_retrieve_and_a_killed_ingest_leaves_the_previous_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let embedder = dir.path().join("tiny-bert");
+    triage_models::bert_fixtures::write_tiny_bert(&embedder, false, 5).unwrap();
+    let embedder = embedder.to_str().unwrap();
+    let small = dir.path().join("small.jsonl");
+    std::fs::write(
+        &small,
+        "{\"id\": \"a\", \"title\": \"Lava\", \"text\": \"magma erupts as lava from the volcano\"}\n\
+         {\"id\": \"b\", \"title\": \"Tides\", \"text\": \"the moon pulls the ocean tides\"}\n",
+    )
+    .unwrap();
+    let out = triage_home(
+        &home,
+        &[
+            "ingest",
+            "--corpus",
+            "demo",
+            "--embedder",
+            embedder,
+            "--json",
+            small.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["added"], 2);
+    let retrieve = |mode: &str| {
+        let out = triage_home(
+            &home,
+            &[
+                "retrieve",
+                "--corpus",
+                "demo",
+                "volcano lava",
+                "--mode",
+                mode,
+                "--embedder",
+                embedder,
+                "--json",
+                "--k",
+                "5",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    for mode in ["dense", "hybrid"] {
+        let hits = retrieve(mode);
+        assert_eq!(
+            hits["hits"].as_array().unwrap().len(),
+            2,
+            "{mode}: every chunk: {hits}"
+        );
+    }
+    let bm25 = retrieve("bm25");
+    assert_eq!(
+        bm25["hits"].as_array().unwrap().len(),
+        1,
+        "only 'a' has the words: {bm25}"
+    );
+    assert_eq!(bm25["hits"][0]["document"], "a");
+
+    // A big ingest, killed while it embeds: the corpus stays the two-document one.
+    let big = dir.path().join("big.jsonl");
+    let lines: String = (0..20_000)
+        .map(|i| format!("{{\"id\": \"d{i}\", \"text\": \"document number {i} about volcano lava and tides\"}}\n"))
+        .collect();
+    std::fs::write(&big, lines).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args([
+            "ingest",
+            "--corpus",
+            "demo",
+            "--embedder",
+            embedder,
+            big.to_str().unwrap(),
+        ])
+        .env("TRIAGE_HOME", &home)
+        .spawn()
+        .unwrap();
+    let next = home.join("corpora/demo/gen-000002");
+    let start = std::time::Instant::now();
+    while !next.exists() {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the ingest never started writing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the ingest was killed before it finished"
+    );
+    let hits = retrieve("dense");
+    assert_eq!(
+        hits["hits"].as_array().unwrap().len(),
+        2,
+        "the previous corpus is live: {hits}"
+    );
+    // The next ingest works and clears the debris.
+    let out = triage_home(
+        &home,
+        &[
+            "ingest",
+            "--corpus",
+            "demo",
+            "--embedder",
+            embedder,
+            "--delete",
+            "b",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(retrieve("dense")["hits"].as_array().unwrap().len(), 1);
+    let gens = std::fs::read_dir(home.join("corpora/demo"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("gen-")
+        })
+        .count();
+    assert_eq!(gens, 1);
+    let out = triage_home(
+        &home,
+        &["retrieve", "--corpus", "nope", "x", "--mode", "bm25"],
+    );
+    assert_clean_failure(&out, "no corpus named \"nope\"");
+    let out = triage_home(
+        &home,
+        &[
+            "ingest",
+            "--corpus",
+            "demo",
+            "--embedder",
+            embedder,
+            "/nonexistent/docs",
+        ],
+    );
+    assert_clean_failure(&out, "/nonexistent/docs");
+}

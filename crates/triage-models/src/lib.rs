@@ -3,6 +3,8 @@
 #![deny(unsafe_code)]
 
 pub mod attention;
+pub mod bert;
+pub mod bert_fixtures;
 pub mod chat_template;
 pub mod config;
 pub mod error;

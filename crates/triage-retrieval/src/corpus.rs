@@ -1,0 +1,549 @@
+//! Corpora on disk, and searching them. Each corpus is a folder of immutable generations
+//! (`gen-000001/`: manifest, vectors, HNSW graph, BM25 index) and a `CURRENT` file naming the
+//! live one. An ingest writes a whole new generation, then replaces `CURRENT` by rename, so a
+//! crash at any point leaves the previous generation live and consistent; stray generations are
+//! removed by the next ingest.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::bm25::Bm25Index;
+use crate::chunker::{chunk_document, Chunk, ChunkerConfig, TokenOffsets};
+use crate::dense::{exact_search, HnswIndex};
+use crate::documents::Document;
+use crate::embedder::Embedder;
+use crate::error::{io_at, Result, RetrievalError};
+use crate::hybrid::{reciprocal_rank_fusion, RRF_K};
+
+const FORMAT: &str = "triage-corpus-v1";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct DocEntry {
+    hash: String,
+    title: String,
+    /// Indices into `Manifest::chunks`.
+    chunks: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Manifest {
+    format: String,
+    embedder: String,
+    dim: usize,
+    chunker: ChunkerConfig,
+    documents: BTreeMap<String, DocEntry>,
+    chunks: Vec<Chunk>,
+}
+
+/// What an ingest did, in documents and chunks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct IngestReport {
+    pub added: usize,
+    pub updated: usize,
+    pub unchanged: usize,
+    pub deleted: usize,
+    pub chunks_embedded: usize,
+    pub chunks_total: usize,
+}
+
+/// How to search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SearchMode {
+    Dense,
+    Bm25,
+    Hybrid,
+}
+
+/// Search settings: results wanted, candidates per arm for fusion, exact or HNSW dense search.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SearchOptions {
+    pub mode: SearchMode,
+    pub k: usize,
+    pub candidates: usize,
+    pub rrf_k: f32,
+    pub exact: bool,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        Self {
+            mode: SearchMode::Hybrid,
+            k: 10,
+            candidates: 30,
+            rrf_k: RRF_K,
+            exact: false,
+        }
+    }
+}
+
+/// One result: the chunk, the score of the mode asked for, and its rank (from 1) in each arm.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hit {
+    pub chunk: Chunk,
+    pub score: f32,
+    pub dense_rank: Option<usize>,
+    pub dense_score: Option<f32>,
+    pub bm25_rank: Option<usize>,
+}
+
+/// Where corpora live: `<data_dir>/corpora/<name>/`.
+#[derive(Debug, Clone)]
+pub struct CorpusStore {
+    root: PathBuf,
+}
+
+/// A corpus opened for search.
+#[derive(Debug)]
+pub struct Corpus {
+    pub name: String,
+    manifest: Manifest,
+    vectors: Vec<Vec<f32>>,
+    hnsw: HnswIndex,
+    bm25: Bm25Index,
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(RetrievalError::Invalid(format!(
+            "corpus name {name:?}: use 1-64 letters, digits, '-' or '_'"
+        )))
+    }
+}
+
+fn doc_hash(doc: &Document) -> String {
+    let mut h = Sha256::new();
+    h.update(doc.title.as_bytes());
+    h.update([0]);
+    h.update(doc.text.as_bytes());
+    format!("{:x}", h.finalize())
+}
+
+/// Write `bytes` to `path` and flush them to disk.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).map_err(io_at(path))?;
+    f.write_all(bytes).map_err(io_at(path))?;
+    f.sync_all().map_err(io_at(path))
+}
+
+fn vectors_to_bytes(vectors: &[Vec<f32>]) -> Vec<u8> {
+    vectors
+        .iter()
+        .flatten()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
+}
+
+fn vectors_from_bytes(bytes: &[u8], dim: usize) -> Option<Vec<Vec<f32>>> {
+    if dim == 0 || !bytes.len().is_multiple_of(4 * dim) {
+        return None;
+    }
+    let floats: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Some(floats.chunks_exact(dim).map(<[f32]>::to_vec).collect())
+}
+
+impl CorpusStore {
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            root: data_dir.join("corpora"),
+        }
+    }
+
+    fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    /// Names of the corpora that have a live generation.
+    pub fn list(&self) -> Result<Vec<String>> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Ok(Vec::new());
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("CURRENT").exists())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn current(&self, name: &str) -> Result<Option<PathBuf>> {
+        let pointer = self.dir(name).join("CURRENT");
+        match std::fs::read_to_string(&pointer) {
+            Ok(generation) => Ok(Some(self.dir(name).join(generation.trim()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_at(&pointer)(e)),
+        }
+    }
+
+    /// Open the live generation of `name`.
+    pub fn open(&self, name: &str) -> Result<Corpus> {
+        check_name(name)?;
+        let dir = self
+            .current(name)?
+            .ok_or_else(|| RetrievalError::UnknownCorpus(name.to_string()))?;
+        let damaged = |message: String| RetrievalError::Damaged {
+            name: name.to_string(),
+            message,
+        };
+        let manifest_path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&manifest_path).map_err(io_at(&manifest_path))?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| damaged(format!("manifest: {e}")))?;
+        if manifest.format != FORMAT {
+            return Err(damaged(format!("unknown format {:?}", manifest.format)));
+        }
+        let vectors_path = dir.join("vectors.bin");
+        let bytes = std::fs::read(&vectors_path).map_err(io_at(&vectors_path))?;
+        let vectors = vectors_from_bytes(&bytes, manifest.dim)
+            .filter(|v| v.len() == manifest.chunks.len())
+            .ok_or_else(|| damaged("vectors.bin does not match the manifest".into()))?;
+        let hnsw_path = dir.join("hnsw.bin");
+        let hnsw = HnswIndex::from_bytes(&std::fs::read(&hnsw_path).map_err(io_at(&hnsw_path))?)?;
+        let bm25 = Bm25Index::open(&dir.join("bm25"))?;
+        Ok(Corpus {
+            name: name.to_string(),
+            manifest,
+            vectors,
+            hnsw,
+            bm25,
+        })
+    }
+
+    /// Add or replace `docs` and drop `delete` (document ids) in corpus `name`, creating it if
+    /// needed. Unchanged documents keep their chunks and vectors.
+    pub fn ingest(
+        &self,
+        name: &str,
+        docs: &[Document],
+        delete: &[String],
+        embedder: &dyn Embedder,
+        tokens: &dyn TokenOffsets,
+        chunker: ChunkerConfig,
+    ) -> Result<IngestReport> {
+        check_name(name)?;
+        let dir = self.dir(name);
+        std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        let old = match self.current(name)? {
+            Some(_) => Some(self.open(name)?),
+            None => None,
+        };
+        // Claim the next generation first: a crash from here on leaves only this folder behind.
+        let live = self.current(name)?;
+        let number = live
+            .as_deref()
+            .and_then(|p| {
+                p.file_name()?
+                    .to_str()?
+                    .strip_prefix("gen-")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+            + 1;
+        let generation = format!("gen-{number:06}");
+        let gen_dir = dir.join(&generation);
+        if gen_dir.exists() {
+            std::fs::remove_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
+        }
+        std::fs::create_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
+
+        let (manifest, vectors, report) =
+            self.assemble(old.as_ref(), docs, delete, embedder, tokens, chunker)?;
+        write_synced(&gen_dir.join("vectors.bin"), &vectors_to_bytes(&vectors))?;
+        write_synced(
+            &gen_dir.join("hnsw.bin"),
+            &HnswIndex::build(&vectors).to_bytes()?,
+        )?;
+        let bm25_dir = gen_dir.join("bm25");
+        std::fs::create_dir_all(&bm25_dir).map_err(io_at(&bm25_dir))?;
+        Bm25Index::build(
+            &bm25_dir,
+            manifest
+                .chunks
+                .iter()
+                .map(|c| (c.id.as_str(), c.text.as_str())),
+        )?;
+        let json =
+            serde_json::to_vec(&manifest).map_err(|e| RetrievalError::Index(e.to_string()))?;
+        write_synced(&gen_dir.join("manifest.json"), &json)?;
+        // The switch: one rename.
+        let tmp = dir.join("CURRENT.tmp");
+        write_synced(&tmp, generation.as_bytes())?;
+        let pointer = dir.join("CURRENT");
+        std::fs::rename(&tmp, &pointer).map_err(io_at(&pointer))?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        self.remove_stale_generations(&dir, &generation);
+        Ok(report)
+    }
+
+    fn remove_stale_generations(&self, dir: &Path, live: &str) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("gen-") && name != live {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
+    /// The next manifest and vectors: old chunks kept where documents did not change, new ones
+    /// chunked and embedded.
+    fn assemble(
+        &self,
+        old: Option<&Corpus>,
+        docs: &[Document],
+        delete: &[String],
+        embedder: &dyn Embedder,
+        tokens: &dyn TokenOffsets,
+        chunker: ChunkerConfig,
+    ) -> Result<(Manifest, Vec<Vec<f32>>, IngestReport)> {
+        let mut report = IngestReport::default();
+        if let Some(o) = old.filter(|o| o.manifest.chunker != chunker) {
+            return Err(RetrievalError::Invalid(format!(
+                "corpus {:?} was chunked with {:?}; use the same settings or a new corpus",
+                o.name, o.manifest.chunker
+            )));
+        }
+        // Vectors from another embedder are recomputed.
+        let reusable = old.filter(|o| o.manifest.embedder == embedder.id());
+        let mut seen = std::collections::HashSet::new();
+        for d in docs {
+            if !seen.insert(d.id.as_str()) {
+                return Err(RetrievalError::Invalid(format!(
+                    "document id {:?} appears twice",
+                    d.id
+                )));
+            }
+        }
+        for id in delete {
+            let known = old.is_some_and(|o| o.manifest.documents.contains_key(id));
+            if !known {
+                return Err(RetrievalError::Invalid(format!(
+                    "no document {id:?} to delete"
+                )));
+            }
+        }
+        // (doc id, title, hash, chunks, vectors or None when they must be embedded)
+        type Pending = (String, String, String, Vec<Chunk>, Option<Vec<Vec<f32>>>);
+        let mut pending: Vec<Pending> = Vec::new();
+        if let Some(o) = old {
+            for (id, entry) in &o.manifest.documents {
+                if delete.contains(id) {
+                    report.deleted += 1;
+                    continue;
+                }
+                if docs.iter().any(|d| &d.id == id) {
+                    continue;
+                }
+                let chunks: Vec<Chunk> = entry
+                    .chunks
+                    .iter()
+                    .map(|&i| o.manifest.chunks[i].clone())
+                    .collect();
+                let vectors =
+                    reusable.map(|_| entry.chunks.iter().map(|&i| o.vectors[i].clone()).collect());
+                pending.push((
+                    id.clone(),
+                    entry.title.clone(),
+                    entry.hash.clone(),
+                    chunks,
+                    vectors,
+                ));
+            }
+        }
+        for d in docs {
+            let hash = doc_hash(d);
+            let previous = old.and_then(|o| o.manifest.documents.get(&d.id).map(|e| (o, e)));
+            match previous {
+                Some((o, e)) if e.hash == hash => {
+                    report.unchanged += 1;
+                    let chunks = e
+                        .chunks
+                        .iter()
+                        .map(|&i| o.manifest.chunks[i].clone())
+                        .collect();
+                    let vectors =
+                        reusable.map(|_| e.chunks.iter().map(|&i| o.vectors[i].clone()).collect());
+                    pending.push((d.id.clone(), d.title.clone(), hash, chunks, vectors));
+                }
+                Some(_) => {
+                    report.updated += 1;
+                    pending.push((
+                        d.id.clone(),
+                        d.title.clone(),
+                        hash,
+                        chunk_document(d, tokens, &chunker)?,
+                        None,
+                    ));
+                }
+                None => {
+                    report.added += 1;
+                    pending.push((
+                        d.id.clone(),
+                        d.title.clone(),
+                        hash,
+                        chunk_document(d, tokens, &chunker)?,
+                        None,
+                    ));
+                }
+            }
+        }
+        let mut manifest = Manifest {
+            format: FORMAT.into(),
+            embedder: embedder.id(),
+            dim: embedder.dim(),
+            chunker,
+            documents: BTreeMap::new(),
+            chunks: Vec::new(),
+        };
+        let mut vectors: Vec<Vec<f32>> = Vec::new();
+        pending.sort_by(|a, b| a.0.cmp(&b.0));
+        for (id, title, hash, chunks, reused) in pending {
+            let embedded = match reused {
+                Some(v) => v,
+                None => {
+                    let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
+                    report.chunks_embedded += texts.len();
+                    embedder.embed(&texts)?
+                }
+            };
+            if embedded.len() != chunks.len() || embedded.iter().any(|v| v.len() != manifest.dim) {
+                return Err(RetrievalError::Invalid(
+                    "the embedder returned the wrong shape".into(),
+                ));
+            }
+            let first = manifest.chunks.len();
+            manifest.chunks.extend(chunks);
+            vectors.extend(embedded);
+            let indices = (first..manifest.chunks.len()).collect();
+            manifest.documents.insert(
+                id,
+                DocEntry {
+                    hash,
+                    title,
+                    chunks: indices,
+                },
+            );
+        }
+        report.chunks_total = manifest.chunks.len();
+        Ok((manifest, vectors, report))
+    }
+}
+
+impl Corpus {
+    pub fn num_documents(&self) -> usize {
+        self.manifest.documents.len()
+    }
+
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.manifest.chunks
+    }
+
+    pub fn vectors(&self) -> &[Vec<f32>] {
+        &self.vectors
+    }
+
+    /// The embedder this corpus was built with (queries must use the same).
+    pub fn embedder_id(&self) -> &str {
+        &self.manifest.embedder
+    }
+
+    /// Search with `query` text (BM25) and its embedding (dense; needed unless the mode is
+    /// BM25).
+    pub fn search(
+        &self,
+        query: &str,
+        query_vector: Option<&[f32]>,
+        options: &SearchOptions,
+    ) -> Result<Vec<Hit>> {
+        let need_dense = options.mode != SearchMode::Bm25;
+        let dense = match (need_dense, query_vector) {
+            (false, _) => Vec::new(),
+            (true, Some(q)) if q.len() == self.manifest.dim => {
+                let n = options.candidates.max(options.k);
+                if options.exact {
+                    exact_search(&self.vectors, q, n)
+                } else {
+                    self.hnsw.search(&self.vectors, q, n)
+                }
+            }
+            (true, _) => {
+                return Err(RetrievalError::Invalid(format!(
+                    "dense search needs a query vector of width {}",
+                    self.manifest.dim
+                )))
+            }
+        };
+        let bm25 = if options.mode == SearchMode::Dense {
+            Vec::new()
+        } else {
+            self.bm25.search(query, options.candidates.max(options.k))?
+        };
+        let by_id: std::collections::HashMap<&str, usize> = self
+            .manifest
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.as_str(), i))
+            .collect();
+        let dense_ids: Vec<String> = dense
+            .iter()
+            .map(|h| self.manifest.chunks[h.index].id.clone())
+            .collect();
+        let bm25_ids: Vec<String> = bm25.iter().map(|h| h.id.clone()).collect();
+        let dense_score = |id: &str| {
+            dense
+                .iter()
+                .find(|h| self.manifest.chunks[h.index].id == id)
+                .map(|h| h.score)
+        };
+        let rank_in = |ids: &[String], id: &str| ids.iter().position(|x| x == id).map(|p| p + 1);
+        let ordered: Vec<(String, f32)> = match options.mode {
+            SearchMode::Dense => dense_ids
+                .iter()
+                .cloned()
+                .zip(dense.iter().map(|h| h.score))
+                .collect(),
+            SearchMode::Bm25 => bm25.iter().map(|h| (h.id.clone(), h.score)).collect(),
+            SearchMode::Hybrid => {
+                reciprocal_rank_fusion(&[dense_ids.clone(), bm25_ids.clone()], options.rrf_k)
+                    .into_iter()
+                    .map(|f| (f.id, f.score))
+                    .collect()
+            }
+        };
+        Ok(ordered
+            .into_iter()
+            .take(options.k)
+            .filter_map(|(id, score)| {
+                let chunk = self.manifest.chunks.get(*by_id.get(id.as_str())?)?.clone();
+                Some(Hit {
+                    score,
+                    dense_rank: rank_in(&dense_ids, &id),
+                    dense_score: dense_score(&id),
+                    bm25_rank: rank_in(&bm25_ids, &id),
+                    chunk,
+                })
+            })
+            .collect())
+    }
+}

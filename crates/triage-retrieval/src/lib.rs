@@ -1,0 +1,18 @@
+//! Retrieval: documents into chunks, chunks into a corpus (embeddings, HNSW, BM25) stored as
+//! atomic generations on disk, and dense, BM25 and hybrid (RRF) search. No HTTP here.
+#![forbid(unsafe_code)]
+
+pub mod bm25;
+pub mod chunker;
+pub mod corpus;
+pub mod dense;
+pub mod documents;
+pub mod embedder;
+pub mod error;
+pub mod hybrid;
+
+pub use chunker::{Chunk, ChunkKind, ChunkerConfig};
+pub use corpus::{Corpus, CorpusStore, Hit, IngestReport, SearchMode, SearchOptions};
+pub use documents::{load_documents, Document};
+pub use embedder::{BertEmbedder, Embedder};
+pub use error::{Result, RetrievalError};

@@ -1,0 +1,233 @@
+//! Corpora end to end with a deterministic stand-in embedder: ingest, search in every mode,
+//! incremental updates and deletes, and a failed ingest leaving the previous corpus live.
+
+use std::cell::Cell;
+
+use triage_retrieval::chunker::WordOffsets;
+use triage_retrieval::{
+    ChunkerConfig, CorpusStore, Document, Embedder, RetrievalError, SearchMode, SearchOptions,
+};
+
+/// Hashed bag of words, L2-normalised: texts sharing words are close.
+struct BagOfWords {
+    calls: Cell<usize>,
+    fail_after: Option<usize>,
+}
+
+impl BagOfWords {
+    fn new() -> Self {
+        Self {
+            calls: Cell::new(0),
+            fail_after: None,
+        }
+    }
+
+    fn vector(text: &str) -> Vec<f32> {
+        let mut v = vec![0f32; 64];
+        for w in text.split_whitespace() {
+            let w = w
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
+            let h = w.bytes().fold(1469598103934665603u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(1099511628211)
+            });
+            v[(h % 64) as usize] += 1.0;
+        }
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+        v.iter().map(|x| x / n).collect()
+    }
+}
+
+impl Embedder for BagOfWords {
+    fn id(&self) -> String {
+        "bag-of-words-64".into()
+    }
+    fn dim(&self) -> usize {
+        64
+    }
+    fn embed(&self, texts: &[&str]) -> triage_retrieval::Result<Vec<Vec<f32>>> {
+        self.calls.set(self.calls.get() + texts.len());
+        if self.fail_after.is_some_and(|n| self.calls.get() > n) {
+            return Err(RetrievalError::Invalid("embedder failed".into()));
+        }
+        Ok(texts.iter().map(|t| Self::vector(t)).collect())
+    }
+}
+
+fn doc(id: &str, text: &str) -> Document {
+    Document {
+        id: id.into(),
+        title: format!("title {id}"),
+        text: text.into(),
+    }
+}
+
+fn docs() -> Vec<Document> {
+    vec![
+        doc(
+            "volcano",
+            "# Volcanoes\n\nMagma rises through the crust and erupts as lava.",
+        ),
+        doc(
+            "ocean",
+            "Tides follow the moon. Waves carry energy across the ocean.",
+        ),
+        doc(
+            "bread",
+            "Yeast ferments the dough, which rises before baking bread.",
+        ),
+    ]
+}
+
+const CHUNKER: ChunkerConfig = ChunkerConfig {
+    max_tokens: 32,
+    overlap_tokens: 4,
+};
+
+#[test]
+fn ingested_corpora_answer_in_every_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    let e = BagOfWords::new();
+    let report = store
+        .ingest("sci", &docs(), &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(
+        (report.added, report.chunks_total),
+        (3, 4),
+        "the heading is its own chunk"
+    );
+    let corpus = store.open("sci").unwrap();
+    assert_eq!(corpus.num_documents(), 3);
+    let q = "lava erupts through the crust";
+    let qv = BagOfWords::vector(q);
+    for mode in [SearchMode::Dense, SearchMode::Bm25, SearchMode::Hybrid] {
+        for exact in [true, false] {
+            let options = SearchOptions {
+                mode,
+                k: 2,
+                exact,
+                ..SearchOptions::default()
+            };
+            let hits = corpus.search(q, Some(&qv), &options).unwrap();
+            assert_eq!(hits[0].chunk.doc_id, "volcano", "{mode:?} exact={exact}");
+            assert!(hits.len() <= 2);
+        }
+    }
+    let hybrid = corpus
+        .search(q, Some(&qv), &SearchOptions::default())
+        .unwrap();
+    assert!(hybrid[0].dense_rank.is_some() && hybrid[0].bm25_rank.is_some());
+    assert!(
+        (hybrid[0].score
+            - (1.0 / (60.0 + hybrid[0].dense_rank.unwrap() as f32)
+                + 1.0 / (60.0 + hybrid[0].bm25_rank.unwrap() as f32)))
+            .abs()
+            < 1e-6
+    );
+    assert!(
+        corpus.search(q, None, &SearchOptions::default()).is_err(),
+        "dense needs a vector"
+    );
+    let bm25_only = SearchOptions {
+        mode: SearchMode::Bm25,
+        ..SearchOptions::default()
+    };
+    assert!(corpus
+        .search("\"unbalanced: (quote", None, &bm25_only)
+        .is_ok());
+    assert!(matches!(
+        store.open("nope"),
+        Err(RetrievalError::UnknownCorpus(_))
+    ));
+    assert!(store.open("../etc").is_err());
+    assert_eq!(store.list().unwrap(), vec!["sci".to_string()]);
+}
+
+#[test]
+fn reingesting_skips_unchanged_replaces_changed_and_deletes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    let e = BagOfWords::new();
+    store
+        .ingest("c", &docs(), &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    let again = store
+        .ingest("c", &docs(), &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!((again.unchanged, again.chunks_embedded), (3, 0));
+    let mut changed = docs();
+    changed[1].text = "Sourdough starters are living cultures.".into();
+    let r = store
+        .ingest("c", &changed[1..2], &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!((r.updated, r.chunks_embedded, r.chunks_total), (1, 1, 4));
+    let corpus = store.open("c").unwrap();
+    let q = "sourdough cultures";
+    let options = SearchOptions {
+        mode: SearchMode::Bm25,
+        k: 1,
+        ..SearchOptions::default()
+    };
+    assert_eq!(
+        corpus.search(q, None, &options).unwrap()[0].chunk.doc_id,
+        "ocean"
+    );
+    let r = store
+        .ingest("c", &[], &["bread".to_string()], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!((r.deleted, r.chunks_total), (1, 3));
+    assert_eq!(store.open("c").unwrap().num_documents(), 2);
+    let err = store.ingest("c", &[], &["bread".to_string()], &e, &WordOffsets, CHUNKER);
+    assert!(err.unwrap_err().to_string().contains("no document"));
+    let other = ChunkerConfig {
+        max_tokens: 64,
+        overlap_tokens: 4,
+    };
+    assert!(store
+        .ingest("c", &docs(), &[], &e, &WordOffsets, other)
+        .is_err());
+    let twice = vec![doc("x", "a"), doc("x", "b")];
+    assert!(store
+        .ingest("c", &twice, &[], &e, &WordOffsets, CHUNKER)
+        .is_err());
+}
+
+#[test]
+fn a_failed_ingest_leaves_the_previous_corpus_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    store
+        .ingest("c", &docs(), &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    let failing = BagOfWords {
+        calls: Cell::new(0),
+        fail_after: Some(0),
+    };
+    let more = vec![doc("new", "entirely new words here")];
+    assert!(store
+        .ingest("c", &more, &[], &failing, &WordOffsets, CHUNKER)
+        .is_err());
+    let corpus = store.open("c").unwrap();
+    assert_eq!(
+        corpus.num_documents(),
+        3,
+        "the old generation is still live"
+    );
+    // The next good ingest succeeds and leaves exactly one generation.
+    store
+        .ingest("c", &more, &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(store.open("c").unwrap().num_documents(), 4);
+    let gens = std::fs::read_dir(dir.path().join("corpora/c"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("gen-")
+        })
+        .count();
+    assert_eq!(gens, 1);
+}
