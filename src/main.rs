@@ -92,6 +92,10 @@ struct RetrieveArgs {
     /// The embedder the corpus was built with, when it is not a default model.
     #[arg(long)]
     embedder: Option<String>,
+    /// Rerank with a BERT cross-encoder folder (HF sequence-classification layout) and report
+    /// the six retrieval features of the dense arm.
+    #[arg(long)]
+    cross_encoder: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -248,6 +252,7 @@ fn retrieve(args: RetrieveArgs) -> Result<()> {
         mode,
         args.k,
         args.embedder.as_deref(),
+        args.cross_encoder.as_deref(),
     )?;
     if args.json {
         println!("{out}");

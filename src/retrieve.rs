@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde_json::json;
-use triage_models::bert::SentenceEmbedder;
+use triage_models::bert::{CrossEncoder, SentenceEmbedder};
 use triage_retrieval::{
     load_documents, BertEmbedder, ChunkerConfig, CorpusStore, Embedder, IngestReport, SearchMode,
     SearchOptions,
@@ -69,6 +69,7 @@ pub fn retrieve(
     mode: SearchMode,
     k: usize,
     embedder: Option<&str>,
+    cross_encoder: Option<&Path>,
 ) -> Result<serde_json::Value> {
     if k == 0 {
         bail!("--k must be at least 1");
@@ -99,8 +100,35 @@ pub fn retrieve(
         k,
         ..SearchOptions::default()
     };
-    let hits = corpus.search(query, vector.as_deref(), &options)?;
+    let mut hits = corpus.search(query, vector.as_deref(), &options)?;
+    let mut features = serde_json::Value::Null;
+    if let Some(dir) = cross_encoder {
+        let ce = CrossEncoder::load(dir, &Device::Cpu)
+            .with_context(|| format!("loading cross-encoder {}", dir.display()))?;
+        // The study's features come from the dense arm and its reranked order.
+        let dense_options = SearchOptions {
+            mode: SearchMode::Dense,
+            ..options
+        };
+        let dense = match &vector {
+            Some(v) => corpus.search(query, Some(v), &dense_options)?,
+            None => Vec::new(),
+        };
+        let dense_scores: Vec<(String, f32)> = dense
+            .iter()
+            .map(|h| (h.chunk.id.clone(), h.dense_score.unwrap_or(f32::NAN)))
+            .collect();
+        let reranked_dense = triage_retrieval::rerank(query, dense, &ce)?;
+        let order: Vec<_> = reranked_dense
+            .iter()
+            .map(|h| (h.chunk.id.clone(), h.chunk.kind))
+            .collect();
+        features =
+            serde_json::to_value(triage_retrieval::retrieval_features(&dense_scores, &order))?;
+        hits = triage_retrieval::rerank(query, hits, &ce)?;
+    }
     Ok(json!({
+        "features": features,
         "corpus": corpus.name,
         "query": query,
         "mode": format!("{mode:?}").to_lowercase(),

@@ -9,10 +9,14 @@ pub mod dense;
 pub mod documents;
 pub mod embedder;
 pub mod error;
+pub mod features;
 pub mod hybrid;
+pub mod rerank;
 
 pub use chunker::{Chunk, ChunkKind, ChunkerConfig};
 pub use corpus::{Corpus, CorpusStore, Hit, IngestReport, SearchMode, SearchOptions};
 pub use documents::{load_documents, Document};
 pub use embedder::{BertEmbedder, Embedder};
 pub use error::{Result, RetrievalError};
+pub use features::{retrieval_features, RetrievalFeatures};
+pub use rerank::{rerank, Reranker};

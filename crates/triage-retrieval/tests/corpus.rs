@@ -231,3 +231,52 @@ fn a_failed_ingest_leaves_the_previous_corpus_live() {
         .count();
     assert_eq!(gens, 1);
 }
+
+#[test]
+fn reranking_orders_hits_by_the_cross_encoder_and_feeds_the_features() {
+    use triage_models::bert::CrossEncoder;
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    store
+        .ingest("c", &docs(), &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    let corpus = store.open("c").unwrap();
+    let q = "lava erupts through the crust";
+    let options = SearchOptions {
+        mode: SearchMode::Dense,
+        exact: true,
+        ..SearchOptions::default()
+    };
+    let hits = corpus
+        .search(q, Some(&BagOfWords::vector(q)), &options)
+        .unwrap();
+    let ce_dir = dir.path().join("ce");
+    triage_models::bert_fixtures::write_tiny_bert(&ce_dir, true, 9).unwrap();
+    let ce = CrossEncoder::load(&ce_dir, &candle_core::Device::Cpu).unwrap();
+    let reranked = triage_retrieval::rerank(q, hits.clone(), &ce).unwrap();
+    assert_eq!(reranked.len(), hits.len());
+    assert!(reranked.windows(2).all(|w| w[0].score >= w[1].score));
+    let texts: Vec<&str> = reranked.iter().map(|h| h.chunk.text.as_str()).collect();
+    let direct = ce.score(q, &texts).unwrap();
+    for (h, s) in reranked.iter().zip(direct) {
+        assert!((h.score - s).abs() < 1e-5);
+    }
+    let dense: Vec<(String, f32)> = hits
+        .iter()
+        .map(|h| (h.chunk.id.clone(), h.dense_score.unwrap()))
+        .collect();
+    let order: Vec<(String, triage_retrieval::ChunkKind)> = reranked
+        .iter()
+        .map(|h| (h.chunk.id.clone(), h.chunk.kind))
+        .collect();
+    let f = triage_retrieval::retrieval_features(&dense, &order);
+    assert!((f.top1_dense - dense[0].1).abs() < 1e-6);
+    assert_eq!(
+        f.dense_rerank_overlap, 1.0,
+        "reranking reorders the same candidates"
+    );
+    assert!(
+        (f.structural_fraction - 0.25).abs() < 1e-6,
+        "one heading among four chunks"
+    );
+}
