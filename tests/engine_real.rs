@@ -1,6 +1,6 @@
 //! The serving engine on the real Qwen2.5-Coder-0.5B: greedy tokens are the same batched as
 //! alone, with the prefix cache on and off, and after a restart that restores a persisted corpus
-//! prefix from disk.
+//! prefix from disk; and its yes/no relevance scores rank an answering passage first.
 //!
 //! Why "the same" allows near-ties here (the tiny f32 models in `triage-engine` are held to bit
 //! equality): this GGUF mixes Q8_0 with Q4_K/Q6_K tensors, and candle multiplies those with
@@ -185,4 +185,34 @@ fn qwen_05b_batched_cached_and_restored_runs_match_generate_alone() {
         num_diverged <= 3,
         "{num_diverged} of 12 runs diverged at near-ties"
     );
+}
+
+#[test]
+fn qwen_05b_relevance_prefers_the_passage_that_answers() {
+    let model = fetched("qwen2.5-coder-0.5b");
+    let mut engine = LlmEngine::new(model, config(true)).unwrap();
+    let question = "Which bay holds the red crate?";
+    let passages = [
+        "The red crate holds copper wire and sits in bay 4.",
+        "Deliveries arrive on Tuesdays; returns leave on Fridays.",
+        "Bananas are a good source of potassium.",
+    ];
+    let scores =
+        triage_engine::relevance::relevance_scores(&mut engine, question, &passages).unwrap();
+    assert_eq!(scores.len(), 3);
+    assert!(scores.iter().all(|s| s.is_finite()), "{scores:?}");
+    assert!(
+        scores[0] > scores[1] && scores[0] > scores[2],
+        "the answering passage scores highest: {scores:?}"
+    );
+    // Batched and alone agree up to batching arithmetic (Q8 activations; see the module doc).
+    let alone =
+        triage_engine::relevance::relevance_scores(&mut engine, question, &passages[..1]).unwrap();
+    assert!(
+        (alone[0] - scores[0]).abs() < 0.2,
+        "{} vs {}",
+        alone[0],
+        scores[0]
+    );
+    assert_eq!(engine.scheduler().kv().pool().num_used(), 0);
 }

@@ -72,6 +72,17 @@ pub struct TokenOutput {
     pub entropy: f32,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub top_logprobs: Vec<(u32, f32)>,
+    /// Raw logprobs of the request's `score_token_ids`, in that order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub scored_logprobs: Vec<(u32, f32)>,
+}
+
+/// Raw logprobs of `ids` in one row of logits whose log-sum-exp is `lse`; ids outside the
+/// vocabulary are skipped (`LlmEngine` refuses them when the request is added).
+pub(crate) fn scored_logprobs(row: &[f32], lse: f32, ids: &[u32]) -> Vec<(u32, f32)> {
+    ids.iter()
+        .filter_map(|&id| row.get(id as usize).map(|&x| (id, x - lse)))
+        .collect()
 }
 
 /// Why generation ended.
@@ -210,6 +221,7 @@ pub fn generate(
                 .take(params.top_logprobs)
                 .copied()
                 .collect(),
+            scored_logprobs: scored_logprobs(&row, stats.log_sum_exp, &params.score_token_ids),
         };
         let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
         let out = stop.push(&piece);

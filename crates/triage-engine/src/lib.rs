@@ -8,6 +8,7 @@ pub mod error;
 pub mod generate;
 pub mod llm_engine;
 pub mod prefix_store;
+pub mod relevance;
 pub mod sampler;
 pub mod stop;
 

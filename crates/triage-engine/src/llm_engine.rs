@@ -102,6 +102,7 @@ struct SeqState {
     top_logprobs: usize,
     ignore_eos: bool,
     stop_token_ids: Vec<u32>,
+    score_token_ids: Vec<u32>,
     prompt_tokens: usize,
     completion_tokens: usize,
     tx: Box<dyn EventSink>,
@@ -204,6 +205,17 @@ impl LlmEngine {
         let params = &request.params;
         params.validate()?;
         let prompt = tokenize_prompt(&self.model, &request.prompt)?;
+        let vocab = self.model.transformer.config().vocab_size;
+        if let Some(bad) = params
+            .score_token_ids
+            .iter()
+            .find(|&&t| t as usize >= vocab)
+        {
+            return Err(EngineError::InvalidSampling {
+                param: "score_token_ids",
+                message: format!("token id {bad} is outside the vocabulary (0..{vocab})"),
+            });
+        }
         let max_tokens =
             resolve_max_tokens(prompt.len(), params.max_tokens, self.model.context_length())?;
         let blocks_needed = (prompt.len() + max_tokens).div_ceil(self.scheduler.kv().block_size());
@@ -222,6 +234,7 @@ impl LlmEngine {
             top_logprobs: params.top_logprobs,
             ignore_eos: params.ignore_eos,
             stop_token_ids: params.stop_token_ids.clone(),
+            score_token_ids: params.score_token_ids.clone(),
             prompt_tokens: prompt.len(),
             completion_tokens: 0,
             tx: sink,
@@ -363,6 +376,11 @@ impl LlmEngine {
                     .take(state.top_logprobs)
                     .copied()
                     .collect(),
+                scored_logprobs: crate::generate::scored_logprobs(
+                    &values,
+                    stat.log_sum_exp,
+                    &state.score_token_ids,
+                ),
             };
             let piece = state
                 .decoder

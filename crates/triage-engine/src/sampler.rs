@@ -64,6 +64,9 @@ pub struct SamplingParams {
     pub top_logprobs: usize,
     /// Keep generating past the model's end-of-sequence tokens (`stop_token_ids` still stop).
     pub ignore_eos: bool,
+    /// Token ids whose raw logprob every generated token also reports, whether or not they are
+    /// among the most likely (scoring: an LLM reranker reads "yes" against "no").
+    pub score_token_ids: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -83,9 +86,13 @@ impl Default for SamplingParams {
             logprobs: false,
             top_logprobs: 0,
             ignore_eos: false,
+            score_token_ids: Vec::new(),
         }
     }
 }
+
+/// Most token ids a request may ask logprobs of besides the sampled one.
+pub const MAX_SCORE_TOKENS: usize = 64;
 
 fn invalid(param: &'static str, message: String) -> EngineError {
     EngineError::InvalidSampling { param, message }
@@ -160,6 +167,13 @@ impl SamplingParams {
         }
         if self.max_tokens == Some(0) {
             return Err(invalid("max_tokens", "must be at least 1".to_string()));
+        }
+        if self.score_token_ids.len() > MAX_SCORE_TOKENS {
+            let message = format!(
+                "at most {MAX_SCORE_TOKENS} ids, got {}",
+                self.score_token_ids.len()
+            );
+            return Err(invalid("score_token_ids", message));
         }
         if let Some(stop_idx) = self.stop.iter().position(String::is_empty) {
             let message = format!("stop string {stop_idx} is empty");

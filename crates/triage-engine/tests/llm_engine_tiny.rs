@@ -443,3 +443,55 @@ fn a_listener_that_leaves_cancels_its_request_and_frees_blocks() {
     });
     assert!(done, "the other request still finishes normally");
 }
+
+#[test]
+fn scored_token_ids_report_their_raw_logprobs() {
+    let (_dir, model) = tiny();
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let mut r = request(1);
+    r.params.logprobs = true;
+    r.params.top_logprobs = 5;
+    r.params.score_token_ids = vec![65, 66, 200];
+    let (_, rx) = engine.add_request(&r).unwrap();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let tokens: Vec<_> = rx
+        .try_iter()
+        .filter_map(|e| match e {
+            StreamEvent::Token(t, _) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert!(!tokens.is_empty());
+    for t in &tokens {
+        let ids: Vec<u32> = t.scored_logprobs.iter().map(|p| p.0).collect();
+        assert_eq!(ids, vec![65, 66, 200]);
+        assert!(t
+            .scored_logprobs
+            .iter()
+            .all(|p| p.1 <= 0.0 && p.1.is_finite()));
+        // Where a scored id is also among the top 5, both report the same value.
+        for (id, lp) in &t.scored_logprobs {
+            if let Some((_, top)) = t.top_logprobs.iter().find(|(i, _)| i == id) {
+                assert!((lp - top).abs() < 1e-4, "{lp} vs {top}");
+            }
+        }
+    }
+    // `generate` reports the same values.
+    let alone = generate(&model, &r, |_, _| true).unwrap();
+    for (a, b) in alone.tokens.iter().zip(&tokens) {
+        for (x, y) in a.scored_logprobs.iter().zip(&b.scored_logprobs) {
+            assert!((x.1 - y.1).abs() < 1e-4);
+        }
+    }
+    let mut bad = request(1);
+    bad.params.score_token_ids = vec![100_000];
+    assert!(
+        engine.add_request(&bad).is_err(),
+        "ids outside the vocabulary"
+    );
+    // The tiny byte-level vocabulary has no single-token "yes": a clear error, not a guess.
+    let err = triage_engine::relevance::relevance_scores(&mut engine, "q", &["p"]).unwrap_err();
+    assert!(err.to_string().contains("yes/no"), "{err}");
+}
