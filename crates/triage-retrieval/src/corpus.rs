@@ -385,25 +385,14 @@ impl CorpusStore {
                         reusable.map(|_| e.chunks.iter().map(|&i| o.vectors[i].clone()).collect());
                     pending.push((d.id.clone(), d.title.clone(), hash, chunks, vectors));
                 }
-                Some(_) => {
-                    report.updated += 1;
-                    pending.push((
-                        d.id.clone(),
-                        d.title.clone(),
-                        hash,
-                        chunk_document(d, tokens, &chunker)?,
-                        None,
-                    ));
-                }
-                None => {
-                    report.added += 1;
-                    pending.push((
-                        d.id.clone(),
-                        d.title.clone(),
-                        hash,
-                        chunk_document(d, tokens, &chunker)?,
-                        None,
-                    ));
+                changed => {
+                    if changed.is_some() {
+                        report.updated += 1;
+                    } else {
+                        report.added += 1;
+                    }
+                    let chunks = chunk_document(d, tokens, &chunker)?;
+                    pending.push((d.id.clone(), d.title.clone(), hash, chunks, None));
                 }
             }
         }

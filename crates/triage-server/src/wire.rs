@@ -5,13 +5,10 @@
 
 use serde::Deserialize;
 use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
 use triage_models::chat_template::ChatMessage;
 
 use crate::api_error::ApiError;
-
-/// Largest `top_logprobs` OpenAI allows (and the fused reduction computes).
-pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, Deserialize)]
@@ -141,9 +138,6 @@ impl CommonParams {
                 return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
             }
         }
-        if max_tokens == Some(0) {
-            return Err(ApiError::invalid_param("max_tokens", "must be at least 1"));
-        }
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
@@ -151,12 +145,6 @@ impl CommonParams {
         };
         if stop.len() > 4 {
             return Err(ApiError::invalid_param("stop", "at most 4 stop sequences"));
-        }
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid_param(
-                "stop",
-                "stop sequences must not be empty",
-            ));
         }
         let defaults = SamplingParams::default();
         Ok(SamplingParams {
@@ -182,16 +170,6 @@ impl CommonParams {
             .as_ref()
             .is_some_and(|o| o.include_usage)
     }
-}
-
-fn top_logprobs(param: &str, n: u32) -> Result<usize, ApiError> {
-    if n > MAX_TOP_LOGPROBS {
-        return Err(ApiError::invalid_param(
-            param,
-            format!("must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
-        ));
-    }
-    Ok(n as usize)
 }
 
 impl ChatCompletionRequest {
@@ -243,15 +221,11 @@ impl ChatCompletionRequest {
         }
         let max_tokens = self.max_completion_tokens.or(self.common.max_tokens);
         let mut params = self.common.sampling(max_tokens)?;
-        let top = top_logprobs("top_logprobs", self.top_logprobs.unwrap_or(0))?;
-        if top > 0 && !self.logprobs {
-            return Err(ApiError::invalid_param(
-                "top_logprobs",
-                "top_logprobs needs logprobs: true",
-            ));
-        }
         params.logprobs = self.logprobs;
-        params.top_logprobs = top;
+        params.top_logprobs = self.top_logprobs.unwrap_or(0) as usize;
+        // The engine's own checks (ranges, top_logprobs needing logprobs, empty stop strings),
+        // answered here so a bad request never reaches the engine thread.
+        params.validate().map_err(ApiError::from_admission)?;
         Ok(GenerateRequest {
             prompt: Prompt::Chat(messages),
             params,
@@ -294,9 +268,17 @@ impl CompletionRequest {
                 .unwrap_or(LEGACY_DEFAULT_MAX_TOKENS as u32),
         );
         let mut params = self.common.sampling(max_tokens)?;
-        let top = top_logprobs("logprobs", self.logprobs.unwrap_or(0))?;
+        // The legacy API calls top_logprobs "logprobs": check its range under that name.
+        let top = self.logprobs.unwrap_or(0) as usize;
+        if top > MAX_TOP_LOGPROBS {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("must be between 0 and {MAX_TOP_LOGPROBS}, got {top}"),
+            ));
+        }
         params.logprobs = self.logprobs.is_some();
         params.top_logprobs = top;
+        params.validate().map_err(ApiError::from_admission)?;
         Ok(GenerateRequest {
             prompt,
             params,
