@@ -111,6 +111,7 @@ pub fn retrieve(
             ..options
         };
         let dense = match &vector {
+            _ if mode == SearchMode::Dense => hits.clone(),
             Some(v) => corpus.search(query, Some(v), &dense_options)?,
             None => Vec::new(),
         };

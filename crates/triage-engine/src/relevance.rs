@@ -34,7 +34,8 @@ fn log_sum_exp(values: impl Iterator<Item = f32>) -> f32 {
     max + v.iter().map(|x| (x - max).exp()).sum::<f32>().ln()
 }
 
-/// One score per passage, higher = more relevant to `question`.
+/// One score per passage, higher = more relevant to `question`. Steps `engine` until it is idle,
+/// so requests already queued on it finish too.
 pub fn relevance_scores(
     engine: &mut LlmEngine,
     question: &str,
