@@ -377,8 +377,21 @@ impl SentenceEmbedder {
         &self.tokenizer
     }
 
-    /// Unit-length embeddings of `texts`, in batches of [`EMBED_BATCH`].
+    /// Unit-length embeddings of `texts`, in batches of [`EMBED_BATCH`]. Texts of similar length
+    /// share a batch (less padding); the result is in the order given.
     pub fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        let mut order: Vec<usize> = (0..texts.len()).collect();
+        order.sort_by_key(|&i| texts[i].len());
+        let sorted: Vec<&str> = order.iter().map(|&i| texts[i]).collect();
+        let embedded = self.embed_in_order(&sorted)?;
+        let mut out = vec![Vec::new(); texts.len()];
+        for (i, v) in order.into_iter().zip(embedded) {
+            out[i] = v;
+        }
+        Ok(out)
+    }
+
+    fn embed_in_order(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         let mut out = Vec::with_capacity(texts.len());
         for batch in texts.chunks(EMBED_BATCH) {
             let (ids, types, mask) = pad_batch(

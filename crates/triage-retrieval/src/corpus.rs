@@ -4,17 +4,19 @@
 //! crash at any point leaves the previous generation live and consistent; stray generations are
 //! removed by the next ingest.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::backend::{HybridRanking, Ranked, SearchBackend};
 use crate::bm25::Bm25Index;
 use crate::chunker::{chunk_document, Chunk, ChunkerConfig, TokenOffsets};
 use crate::dense::{exact_search, HnswIndex};
 use crate::documents::Document;
+use crate::dual_path::select_dual;
 use crate::embedder::Embedder;
 use crate::error::{io_at, Result, RetrievalError};
 use crate::hybrid::{reciprocal_rank_fusion, RRF_K};
@@ -88,6 +90,8 @@ pub struct Hit {
     pub dense_rank: Option<usize>,
     pub dense_score: Option<f32>,
     pub bm25_rank: Option<usize>,
+    /// Rank in the pseudo-passage arm of dual-path search.
+    pub pseudo_rank: Option<usize>,
 }
 
 /// Where corpora live: `<data_dir>/corpora/<name>/`.
@@ -101,6 +105,8 @@ pub struct CorpusStore {
 pub struct Corpus {
     pub name: String,
     manifest: Manifest,
+    /// Chunk id → index into `manifest.chunks`.
+    by_id: HashMap<String, usize>,
     vectors: Vec<Vec<f32>>,
     hnsw: HnswIndex,
     bm25: Bm25Index,
@@ -214,9 +220,16 @@ impl CorpusStore {
         let hnsw_path = dir.join("hnsw.bin");
         let hnsw = HnswIndex::from_bytes(&std::fs::read(&hnsw_path).map_err(io_at(&hnsw_path))?)?;
         let bm25 = Bm25Index::open(&dir.join("bm25"))?;
+        let by_id = manifest
+            .chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.clone(), i))
+            .collect();
         Ok(Corpus {
             name: name.to_string(),
             manifest,
+            by_id,
             vectors,
             hnsw,
             bm25,
@@ -263,6 +276,17 @@ impl CorpusStore {
 
         let (manifest, vectors, report) =
             self.assemble(old.as_ref(), docs, delete, embedder, tokens, chunker)?;
+        let json =
+            serde_json::to_vec(&manifest).map_err(|e| RetrievalError::Index(e.to_string()))?;
+        if let Some(old) = &old {
+            let old_json = serde_json::to_vec(&old.manifest)
+                .map_err(|e| RetrievalError::Index(e.to_string()))?;
+            if old_json == json {
+                // Nothing changed: keep the live generation instead of rebuilding its indexes.
+                std::fs::remove_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
+                return Ok(report);
+            }
+        }
         write_synced(&gen_dir.join("vectors.bin"), &vectors_to_bytes(&vectors))?;
         write_synced(
             &gen_dir.join("hnsw.bin"),
@@ -277,8 +301,6 @@ impl CorpusStore {
                 .iter()
                 .map(|c| (c.id.as_str(), c.text.as_str())),
         )?;
-        let json =
-            serde_json::to_vec(&manifest).map_err(|e| RetrievalError::Index(e.to_string()))?;
         write_synced(&gen_dir.join("manifest.json"), &json)?;
         // The switch: one rename.
         let tmp = dir.join("CURRENT.tmp");
@@ -406,14 +428,27 @@ impl CorpusStore {
         };
         let mut vectors: Vec<Vec<f32>> = Vec::new();
         pending.sort_by(|a, b| a.0.cmp(&b.0));
+        // One embedding call for every new chunk: the embedder batches across documents.
+        let fresh = {
+            let texts: Vec<&str> = pending
+                .iter()
+                .filter(|p| p.4.is_none())
+                .flat_map(|p| p.3.iter().map(|c| c.text.as_str()))
+                .collect();
+            report.chunks_embedded = texts.len();
+            let fresh = embedder.embed(&texts)?;
+            if fresh.len() != texts.len() {
+                return Err(RetrievalError::Invalid(
+                    "the embedder returned the wrong number of vectors".into(),
+                ));
+            }
+            fresh
+        };
+        let mut fresh = fresh.into_iter();
         for (id, title, hash, chunks, reused) in pending {
-            let embedded = match reused {
+            let embedded: Vec<Vec<f32>> = match reused {
                 Some(v) => v,
-                None => {
-                    let texts: Vec<&str> = chunks.iter().map(|c| c.text.as_str()).collect();
-                    report.chunks_embedded += texts.len();
-                    embedder.embed(&texts)?
-                }
+                None => fresh.by_ref().take(chunks.len()).collect(),
             };
             if embedded.len() != chunks.len() || embedded.iter().any(|v| v.len() != manifest.dim) {
                 return Err(RetrievalError::Invalid(
@@ -457,82 +492,166 @@ impl Corpus {
     }
 
     /// Search with `query` text (BM25) and its embedding (dense; needed unless the mode is
-    /// BM25).
+    /// BM25), on the embedded indexes.
     pub fn search(
         &self,
         query: &str,
         query_vector: Option<&[f32]>,
         options: &SearchOptions,
     ) -> Result<Vec<Hit>> {
-        let need_dense = options.mode != SearchMode::Bm25;
-        let dense = match (need_dense, query_vector) {
-            (false, _) => Vec::new(),
-            (true, Some(q)) if q.len() == self.manifest.dim => {
-                let n = options.candidates.max(options.k);
-                if options.exact {
-                    exact_search(&self.vectors, q, n)
-                } else {
-                    self.hnsw.search(&self.vectors, q, n)
+        self.search_with(self, query, query_vector, options)
+    }
+
+    /// Search ranked by `backend` (which must hold this corpus's chunks); hits carry the chunks
+    /// from this corpus's manifest. Ids the manifest lacks (a backend not yet synced) are skipped.
+    pub fn search_with(
+        &self,
+        backend: &dyn SearchBackend,
+        query: &str,
+        query_vector: Option<&[f32]>,
+        options: &SearchOptions,
+    ) -> Result<Vec<Hit>> {
+        let n = options.candidates.max(options.k);
+        let vector = || match query_vector {
+            Some(q) if q.len() == self.manifest.dim => Ok(q),
+            _ => Err(RetrievalError::Invalid(format!(
+                "dense search needs a query vector of width {}",
+                self.manifest.dim
+            ))),
+        };
+        let ranking = match options.mode {
+            SearchMode::Dense => {
+                let dense = backend.dense(vector()?, n, options.exact)?;
+                HybridRanking {
+                    fused: dense.clone(),
+                    dense,
+                    bm25: Vec::new(),
                 }
             }
-            (true, _) => {
-                return Err(RetrievalError::Invalid(format!(
-                    "dense search needs a query vector of width {}",
-                    self.manifest.dim
-                )))
+            SearchMode::Bm25 => {
+                let bm25 = backend.bm25(query, n)?;
+                HybridRanking {
+                    fused: bm25.clone(),
+                    dense: Vec::new(),
+                    bm25,
+                }
             }
-        };
-        let bm25 = if options.mode == SearchMode::Dense {
-            Vec::new()
-        } else {
-            self.bm25.search(query, options.candidates.max(options.k))?
-        };
-        let by_id: std::collections::HashMap<&str, usize> = self
-            .manifest
-            .chunks
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.id.as_str(), i))
-            .collect();
-        let dense_ids: Vec<String> = dense
-            .iter()
-            .map(|h| self.manifest.chunks[h.index].id.clone())
-            .collect();
-        let bm25_ids: Vec<String> = bm25.iter().map(|h| h.id.clone()).collect();
-        let dense_score = |id: &str| {
-            dense
-                .iter()
-                .find(|h| self.manifest.chunks[h.index].id == id)
-                .map(|h| h.score)
-        };
-        let rank_in = |ids: &[String], id: &str| ids.iter().position(|x| x == id).map(|p| p + 1);
-        let ordered: Vec<(String, f32)> = match options.mode {
-            SearchMode::Dense => dense_ids
-                .iter()
-                .cloned()
-                .zip(dense.iter().map(|h| h.score))
-                .collect(),
-            SearchMode::Bm25 => bm25.iter().map(|h| (h.id.clone(), h.score)).collect(),
             SearchMode::Hybrid => {
-                reciprocal_rank_fusion(&[dense_ids.clone(), bm25_ids.clone()], options.rrf_k)
-                    .into_iter()
-                    .map(|f| (f.id, f.score))
-                    .collect()
+                backend.hybrid(query, vector()?, n, options.rrf_k, options.exact)?
             }
         };
-        Ok(ordered
+        let ranks = |arm: &Ranked| -> HashMap<String, (usize, f32)> {
+            arm.iter()
+                .enumerate()
+                .map(|(i, (id, score))| (id.clone(), (i + 1, *score)))
+                .collect()
+        };
+        let (dense, bm25) = (ranks(&ranking.dense), ranks(&ranking.bm25));
+        Ok(ranking
+            .fused
             .into_iter()
-            .take(options.k)
             .filter_map(|(id, score)| {
-                let chunk = self.manifest.chunks.get(*by_id.get(id.as_str())?)?.clone();
+                let chunk = self.manifest.chunks.get(*self.by_id.get(&id)?)?.clone();
                 Some(Hit {
                     score,
-                    dense_rank: rank_in(&dense_ids, &id),
-                    dense_score: dense_score(&id),
-                    bm25_rank: rank_in(&bm25_ids, &id),
+                    dense_rank: dense.get(&id).map(|r| r.0),
+                    dense_score: dense.get(&id).map(|r| r.1),
+                    bm25_rank: bm25.get(&id).map(|r| r.0),
+                    pseudo_rank: None,
                     chunk,
                 })
             })
+            .take(options.k)
             .collect())
+    }
+
+    /// Dual-path search: `options.candidates` dense candidates for the question and as many for
+    /// a pseudo-passage answering it, pooled and ranked by joint similarity (`dual_path`).
+    pub fn search_dual(
+        &self,
+        question_vector: &[f32],
+        passage_vector: &[f32],
+        options: &SearchOptions,
+    ) -> Result<Vec<Hit>> {
+        for v in [question_vector, passage_vector] {
+            if v.len() != self.manifest.dim {
+                return Err(RetrievalError::Invalid(format!(
+                    "dual-path search needs vectors of width {}, got {}",
+                    self.manifest.dim,
+                    v.len()
+                )));
+            }
+        }
+        let n = options.candidates.max(options.k);
+        let arm = |v: &[f32]| {
+            if options.exact {
+                exact_search(&self.vectors, v, n)
+            } else {
+                self.hnsw.search(&self.vectors, v, n)
+            }
+        };
+        let (question_arm, passage_arm) = (arm(question_vector), arm(passage_vector));
+        let selected = select_dual(
+            &question_arm,
+            &passage_arm,
+            &self.vectors,
+            question_vector,
+            passage_vector,
+            options.k,
+        );
+        Ok(selected
+            .into_iter()
+            .filter_map(|c| {
+                Some(Hit {
+                    chunk: self.manifest.chunks.get(c.index)?.clone(),
+                    score: c.score,
+                    dense_rank: c.question_rank,
+                    dense_score: Some(c.question_similarity),
+                    bm25_rank: None,
+                    pseudo_rank: c.passage_rank,
+                })
+            })
+            .collect())
+    }
+}
+
+impl SearchBackend for Corpus {
+    fn dense(&self, vector: &[f32], n: usize, exact: bool) -> Result<Ranked> {
+        let hits = if exact {
+            exact_search(&self.vectors, vector, n)
+        } else {
+            self.hnsw.search(&self.vectors, vector, n)
+        };
+        Ok(hits
+            .into_iter()
+            .filter_map(|h| Some((self.manifest.chunks.get(h.index)?.id.clone(), h.score)))
+            .collect())
+    }
+
+    fn bm25(&self, query: &str, n: usize) -> Result<Ranked> {
+        Ok(self
+            .bm25
+            .search(query, n)?
+            .into_iter()
+            .map(|h| (h.id, h.score))
+            .collect())
+    }
+
+    fn hybrid(
+        &self,
+        query: &str,
+        vector: &[f32],
+        candidates: usize,
+        rrf_k: f32,
+        exact: bool,
+    ) -> Result<HybridRanking> {
+        let dense = self.dense(vector, candidates, exact)?;
+        let bm25 = SearchBackend::bm25(self, query, candidates)?;
+        let ids = |arm: &Ranked| arm.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>();
+        let fused = reciprocal_rank_fusion(&[ids(&dense), ids(&bm25)], rrf_k)
+            .into_iter()
+            .map(|f| (f.id, f.score))
+            .collect();
+        Ok(HybridRanking { fused, dense, bm25 })
     }
 }

@@ -1,5 +1,6 @@
 //! `Embedder`: what the corpus needs from an embedding model. `SentenceEmbedder` (BERT through
-//! candle) is the real one; tests use cheap deterministic stand-ins.
+//! candle) is the real one; `HashingEmbedder` (hashed bag of words) is a model-free baseline
+//! that tests and benchmarks use where the embedding model is not the point.
 
 use triage_models::bert::SentenceEmbedder;
 
@@ -36,5 +37,45 @@ impl Embedder for BertEmbedder {
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
         Ok(self.model.embed(texts)?)
+    }
+}
+
+/// Hashed bag of words, L2-normalised: texts that share words are close. No model, no state.
+#[derive(Debug, Clone, Copy)]
+pub struct HashingEmbedder {
+    pub dim: usize,
+}
+
+impl HashingEmbedder {
+    /// The vector of one text (all zeros only for a text without words).
+    pub fn vector(&self, text: &str) -> Vec<f32> {
+        let dim = self.dim.max(1);
+        let mut v = vec![0f32; dim];
+        for word in text.split_whitespace() {
+            let word = word
+                .trim_matches(|c: char| !c.is_alphanumeric())
+                .to_lowercase();
+            // FNV-1a: stable across runs and platforms.
+            let h = word.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+            v[(h % dim as u64) as usize] += 1.0;
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+        v.iter().map(|x| x / norm).collect()
+    }
+}
+
+impl Embedder for HashingEmbedder {
+    fn id(&self) -> String {
+        format!("hashing:{}", self.dim)
+    }
+
+    fn dim(&self) -> usize {
+        self.dim.max(1)
+    }
+
+    fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>> {
+        Ok(texts.iter().map(|t| self.vector(t)).collect())
     }
 }

@@ -21,6 +21,8 @@ pub enum RetrievalError {
     Model(#[from] triage_models::ModelError),
     #[error("index: {0}")]
     Index(String),
+    #[error("reranker: {0}")]
+    Reranker(Box<dyn std::error::Error + Send + Sync>),
     #[error("{0}")]
     Invalid(String),
 }

@@ -5,10 +5,11 @@ use std::cell::Cell;
 
 use triage_retrieval::chunker::WordOffsets;
 use triage_retrieval::{
-    ChunkerConfig, CorpusStore, Document, Embedder, RetrievalError, SearchMode, SearchOptions,
+    ChunkerConfig, CorpusStore, Document, Embedder, HashingEmbedder, RetrievalError, SearchMode,
+    SearchOptions,
 };
 
-/// Hashed bag of words, L2-normalised: texts sharing words are close.
+/// `HashingEmbedder` with a call counter that can be told to fail.
 struct BagOfWords {
     calls: Cell<usize>,
     fail_after: Option<usize>,
@@ -23,18 +24,7 @@ impl BagOfWords {
     }
 
     fn vector(text: &str) -> Vec<f32> {
-        let mut v = vec![0f32; 64];
-        for w in text.split_whitespace() {
-            let w = w
-                .trim_matches(|c: char| !c.is_alphanumeric())
-                .to_lowercase();
-            let h = w.bytes().fold(1469598103934665603u64, |h, b| {
-                (h ^ b as u64).wrapping_mul(1099511628211)
-            });
-            v[(h % 64) as usize] += 1.0;
-        }
-        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
-        v.iter().map(|x| x / n).collect()
+        HashingEmbedder { dim: 64 }.vector(text)
     }
 }
 
@@ -152,10 +142,15 @@ fn reingesting_skips_unchanged_replaces_changed_and_deletes() {
     store
         .ingest("c", &docs(), &[], &e, &WordOffsets, CHUNKER)
         .unwrap();
+    let live = std::fs::read_to_string(dir.path().join("corpora/c/CURRENT")).unwrap();
     let again = store
         .ingest("c", &docs(), &[], &e, &WordOffsets, CHUNKER)
         .unwrap();
     assert_eq!((again.unchanged, again.chunks_embedded), (3, 0));
+    // Nothing changed, so no new generation (and no index rebuild).
+    let still = std::fs::read_to_string(dir.path().join("corpora/c/CURRENT")).unwrap();
+    assert_eq!(live, still);
+    assert!(!dir.path().join("corpora/c/gen-000002").exists());
     let mut changed = docs();
     changed[1].text = "Sourdough starters are living cultures.".into();
     let r = store
@@ -252,8 +247,8 @@ fn reranking_orders_hits_by_the_cross_encoder_and_feeds_the_features() {
         .unwrap();
     let ce_dir = dir.path().join("ce");
     triage_models::bert_fixtures::write_tiny_bert(&ce_dir, true, 9).unwrap();
-    let ce = CrossEncoder::load(&ce_dir, &candle_core::Device::Cpu).unwrap();
-    let reranked = triage_retrieval::rerank(q, hits.clone(), &ce).unwrap();
+    let mut ce = CrossEncoder::load(&ce_dir, &candle_core::Device::Cpu).unwrap();
+    let reranked = triage_retrieval::rerank(q, hits.clone(), &mut ce).unwrap();
     assert_eq!(reranked.len(), hits.len());
     assert!(reranked.windows(2).all(|w| w[0].score >= w[1].score));
     let texts: Vec<&str> = reranked.iter().map(|h| h.chunk.text.as_str()).collect();
@@ -279,4 +274,61 @@ fn reranking_orders_hits_by_the_cross_encoder_and_feeds_the_features() {
         (f.structural_fraction - 0.25).abs() < 1e-6,
         "one heading among four chunks"
     );
+}
+
+#[test]
+fn dual_path_search_ranks_by_joint_similarity_to_question_and_pseudo_passage() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    store
+        .ingest("c", &docs(), &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    let corpus = store.open("c").unwrap();
+    // The question alone points at baking; the pseudo-passage says it is about magma, and the
+    // volcano chunk shares the word "rises" with the question.
+    let question = "what rises";
+    let passage = "magma erupts as lava through the crust";
+    let (q, p) = (BagOfWords::vector(question), BagOfWords::vector(passage));
+    let options = SearchOptions {
+        k: 2,
+        exact: true,
+        ..SearchOptions::default()
+    };
+    let hits = corpus.search_dual(&q, &p, &options).unwrap();
+    assert_eq!(hits.len(), 2);
+    let joint = |text: &str| {
+        let v = BagOfWords::vector(text);
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        dot(&v, &q) + dot(&v, &p)
+    };
+    for h in &hits {
+        assert!((h.score - joint(&h.chunk.text)).abs() < 1e-5);
+        assert!(h.dense_rank.is_some() || h.pseudo_rank.is_some());
+        assert_eq!(h.bm25_rank, None);
+    }
+    assert!(hits[0].score >= hits[1].score);
+    assert_eq!(hits[0].chunk.doc_id, "volcano");
+    // Vectors of the wrong width are an error, not a panic.
+    let err = corpus.search_dual(&q[..8], &p, &options).unwrap_err();
+    assert!(err.to_string().contains("width 64"), "{err}");
+}
+
+#[test]
+fn the_embedded_corpus_passes_the_backend_conformance_checks() {
+    use triage_retrieval::conformance;
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    let embedder = HashingEmbedder { dim: 64 };
+    store
+        .ingest(
+            "c",
+            &conformance::documents(),
+            &[],
+            &embedder,
+            &WordOffsets,
+            CHUNKER,
+        )
+        .unwrap();
+    let corpus = store.open("c").unwrap();
+    conformance::check(&corpus, &corpus, &embedder).unwrap();
 }
