@@ -1,0 +1,16 @@
+//! The error type of `triage-router`.
+
+/// Errors from routing stages.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouterError {
+    #[error("engine: {0}")]
+    Engine(#[from] triage_engine::EngineError),
+    #[error("retrieval: {0}")]
+    Retrieval(#[from] triage_retrieval::RetrievalError),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// `Result` with [`RouterError`].
+pub type Result<T> = std::result::Result<T, RouterError>;

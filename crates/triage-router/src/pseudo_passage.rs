@@ -1,0 +1,72 @@
+//! The pseudo-passage of dual-path retrieval: the base model, closed book and greedy, writes a
+//! short passage that would answer the question; its embedding is the second search vector.
+
+use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
+use triage_engine::llm_engine::{LlmEngine, StreamEvent};
+use triage_engine::sampler::SamplingParams;
+use triage_models::chat_template::ChatMessage;
+
+use crate::error::{Result, RouterError};
+
+/// Length cap of a pseudo-passage: a short paragraph, like the chunks it is matched against.
+pub const PSEUDO_PASSAGE_TOKENS: usize = 96;
+
+const INSTRUCTION: &str = "Write one short encyclopedic paragraph that answers the question. \
+State facts directly; do not mention the question.";
+
+fn request(question: &str, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: Prompt::Chat(vec![
+            ChatMessage::new("system", INSTRUCTION),
+            ChatMessage::new("user", question),
+        ]),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(max_tokens),
+            ..SamplingParams::default()
+        },
+        entropy: EntropySettings::default(),
+    }
+}
+
+/// One pseudo-passage per question, generated as one batch. Steps `engine` until it is idle.
+pub fn write_pseudo_passages(
+    engine: &mut LlmEngine,
+    questions: &[&str],
+    max_tokens: usize,
+) -> Result<Vec<String>> {
+    if max_tokens == 0 {
+        return Err(RouterError::Invalid(
+            "a pseudo-passage needs at least one token".into(),
+        ));
+    }
+    let mut receivers = Vec::with_capacity(questions.len());
+    for q in questions {
+        receivers.push(engine.add_request(&request(q, max_tokens))?.1);
+    }
+    while engine.has_unfinished() {
+        engine.step()?;
+    }
+    Ok(receivers
+        .into_iter()
+        .map(|rx| {
+            let text: String = rx
+                .try_iter()
+                .filter_map(|event| match event {
+                    StreamEvent::Token(_, text) | StreamEvent::Text(text) => Some(text),
+                    StreamEvent::Finished { .. } => None,
+                })
+                .collect();
+            text.trim().to_string()
+        })
+        .collect())
+}
+
+/// The pseudo-passage for one question.
+pub fn write_pseudo_passage(
+    engine: &mut LlmEngine,
+    question: &str,
+    max_tokens: usize,
+) -> Result<String> {
+    Ok(write_pseudo_passages(engine, &[question], max_tokens)?.remove(0))
+}
