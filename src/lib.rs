@@ -3,7 +3,9 @@
 #![deny(unsafe_code)]
 
 pub mod bench;
+pub mod bench_retrieval;
 pub mod catalog;
+pub mod datasets;
 pub mod fetch;
 pub mod resolve;
 pub mod retrieve;

@@ -76,6 +76,10 @@ struct IngestArgs {
     /// Tokens shared by consecutive windows of a paragraph longer than a chunk.
     #[arg(long, default_value_t = 32)]
     overlap_tokens: usize,
+    /// Then mirror the corpus into Milvus at this address (`http://HOST:PORT`): insert new
+    /// chunks, delete removed ones.
+    #[arg(long)]
+    milvus: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -89,13 +93,25 @@ struct RetrieveArgs {
     mode: Mode,
     #[arg(long, default_value_t = 10)]
     k: usize,
+    /// Candidates per arm, and the pool a reranker reorders.
+    #[arg(long, default_value_t = 30)]
+    candidates: usize,
     /// The embedder the corpus was built with, when it is not a default model.
     #[arg(long)]
     embedder: Option<String>,
-    /// Rerank with a BERT cross-encoder folder (HF sequence-classification layout) and report
-    /// the six retrieval features of the dense arm.
+    /// Rerank the candidates with the base model (log p(yes) − log p(no)) and report the six
+    /// retrieval features of the dense arm.
+    #[arg(long)]
+    rerank: bool,
+    /// Rerank with a BERT cross-encoder folder (HF sequence-classification layout) instead.
     #[arg(long)]
     cross_encoder: Option<std::path::PathBuf>,
+    /// Base model for dual-path pseudo-passages and LLM reranking.
+    #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+    model: String,
+    /// Rank with the corpus's mirror in Milvus (`http://HOST:PORT`; see `ingest --milvus`).
+    #[arg(long)]
+    milvus: Option<String>,
     #[arg(long)]
     json: bool,
 }
@@ -105,6 +121,8 @@ enum Mode {
     Dense,
     Bm25,
     Hybrid,
+    /// Question + model-written pseudo-passage, ranked by joint similarity.
+    Dual,
 }
 
 #[derive(Subcommand)]
@@ -129,6 +147,24 @@ enum BenchCommand {
         concurrency: Vec<usize>,
         #[arg(long, default_value_t = 64)]
         decode_tokens: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Retrieval quality of every mode on a QA data set (needs `models fetch --data`), with
+    /// ingestion throughput and hybrid query latency.
+    Retrieval {
+        /// hotpotqa or squad.
+        #[arg(long, default_value = "hotpotqa")]
+        dataset: String,
+        #[arg(long, default_value_t = 500)]
+        questions: usize,
+        /// The first N questions also run the LLM arms (reranking, dual-path): slow on CPU.
+        #[arg(long, default_value_t = 0)]
+        llm_questions: usize,
+        #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+        model: String,
+        #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+        embedder: String,
         #[arg(long)]
         json: bool,
     },
@@ -223,9 +259,23 @@ fn ingest(args: IngestArgs) -> Result<()> {
         &args.embedder,
         chunker,
     )?;
+    let milvus = match &args.milvus {
+        Some(uri) => Some(triage::retrieve::sync_milvus(&args.corpus, uri)?),
+        None => None,
+    };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        let mut out = serde_json::to_value(&report)?;
+        if let Some(m) = milvus {
+            out["milvus"] = json!({"inserted": m.inserted, "deleted": m.deleted, "total": m.total});
+        }
+        println!("{out}");
     } else {
+        if let Some(m) = milvus {
+            println!(
+                "milvus: {} inserted, {} deleted, {} in all",
+                m.inserted, m.deleted, m.total
+            );
+        }
         println!(
             "{}: {} added, {} updated, {} unchanged, {} deleted; {} chunks embedded, {} in all",
             args.corpus,
@@ -241,22 +291,34 @@ fn ingest(args: IngestArgs) -> Result<()> {
 }
 
 fn retrieve(args: RetrieveArgs) -> Result<()> {
+    use triage_router::{RetrieveMode, RetrieveParams};
     let mode = match args.mode {
-        Mode::Dense => triage_retrieval::SearchMode::Dense,
-        Mode::Bm25 => triage_retrieval::SearchMode::Bm25,
-        Mode::Hybrid => triage_retrieval::SearchMode::Hybrid,
+        Mode::Dense => RetrieveMode::Dense,
+        Mode::Bm25 => RetrieveMode::Bm25,
+        Mode::Hybrid => RetrieveMode::Hybrid,
+        Mode::Dual => RetrieveMode::Dual,
     };
-    let out = triage::retrieve::retrieve(
-        &args.corpus,
-        &args.query,
-        mode,
-        args.k,
-        args.embedder.as_deref(),
-        args.cross_encoder.as_deref(),
-    )?;
+    let out = triage::retrieve::retrieve(&triage::retrieve::RetrieveCommand {
+        corpus: args.corpus,
+        query: args.query,
+        params: RetrieveParams {
+            mode,
+            k: args.k,
+            candidates: args.candidates,
+            ..RetrieveParams::default()
+        },
+        embedder: args.embedder,
+        rerank: args.rerank,
+        cross_encoder: args.cross_encoder,
+        model: args.model,
+        milvus: args.milvus,
+    })?;
     if args.json {
         println!("{out}");
         return Ok(());
+    }
+    if let Some(passage) = out["pseudo_passage"].as_str() {
+        println!("pseudo-passage: {}", passage.replace('\n', " "));
     }
     for hit in out["hits"].as_array().into_iter().flatten() {
         let text: String = hit["text"]
@@ -331,6 +393,31 @@ fn bench(command: BenchCommand) -> Result<()> {
                         r.concurrency, r.tokens_per_s
                     );
                 }
+            }
+        }
+        BenchCommand::Retrieval {
+            dataset,
+            questions,
+            llm_questions,
+            model,
+            embedder,
+            json,
+        } => {
+            if questions == 0 {
+                anyhow::bail!("--questions must be at least 1");
+            }
+            let config = triage::bench_retrieval::RetrievalBenchConfig {
+                dataset,
+                questions,
+                llm_questions,
+                model,
+                embedder,
+            };
+            let r = triage::bench_retrieval::run(&config)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", triage::bench_retrieval::markdown(&r));
             }
         }
     }

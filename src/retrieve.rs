@@ -1,16 +1,23 @@
 //! `triage ingest` and `triage retrieve`: corpora under `$TRIAGE_HOME`, embedded with the
-//! fetched MiniLM (or another sentence-transformers folder).
+//! fetched MiniLM (or another sentence-transformers folder), searched through `triage-router`'s
+//! `Retriever` (the base model writes pseudo-passages and reranks).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde_json::json;
+use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_milvus::{MilvusBackend, SyncReport};
 use triage_models::bert::{CrossEncoder, SentenceEmbedder};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_retrieval::SearchBackend;
 use triage_retrieval::{
-    load_documents, BertEmbedder, ChunkerConfig, CorpusStore, Embedder, IngestReport, SearchMode,
-    SearchOptions,
+    load_documents, BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Embedder, IngestReport,
 };
+use triage_router::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
 
 /// The default embedder: the fetched all-MiniLM-L6-v2.
 pub const DEFAULT_EMBEDDER: &str = "minilm-l6";
@@ -62,78 +69,111 @@ pub fn ingest(
     Ok(store().ingest(corpus, &docs, delete, &embedder, &tokenizer, chunker)?)
 }
 
-/// Search `corpus` and return the JSON the command prints.
-pub fn retrieve(
-    corpus: &str,
-    query: &str,
-    mode: SearchMode,
-    k: usize,
-    embedder: Option<&str>,
-    cross_encoder: Option<&Path>,
-) -> Result<serde_json::Value> {
-    if k == 0 {
-        bail!("--k must be at least 1");
+/// The base model that writes pseudo-passages and reranks, by default.
+pub const DEFAULT_BASE_MODEL: &str = "qwen2.5-coder-0.5b";
+
+/// What `triage retrieve` was asked.
+#[derive(Debug, Clone)]
+pub struct RetrieveCommand {
+    pub corpus: String,
+    pub query: String,
+    pub params: RetrieveParams,
+    /// The embedder the corpus was built with, when it is not a default model.
+    pub embedder: Option<String>,
+    /// Rerank with the base model's yes/no judgements.
+    pub rerank: bool,
+    /// Rerank with this BERT cross-encoder folder instead.
+    pub cross_encoder: Option<PathBuf>,
+    /// The base model (name or path) for dual-path search and LLM reranking.
+    pub model: String,
+    /// Rank with the corpus's mirror in this Milvus (`http://HOST:PORT`) instead of the
+    /// embedded indexes.
+    pub milvus: Option<String>,
+}
+
+/// The corpus's own embedder (or `name_or_path`), checked against what the corpus was built with.
+pub fn corpus_embedder(corpus: &Corpus, name_or_path: Option<&str>) -> Result<BertEmbedder> {
+    // The corpus records its embedder as "name:dim:max_len".
+    let stored = corpus
+        .embedder_id()
+        .split(':')
+        .next()
+        .unwrap_or(DEFAULT_EMBEDDER)
+        .to_string();
+    let embedder = load_embedder(name_or_path.unwrap_or(&stored))?;
+    if embedder.id() != corpus.embedder_id() {
+        bail!(
+            "corpus was embedded with {}, not {}",
+            corpus.embedder_id(),
+            embedder.id()
+        );
     }
+    Ok(embedder)
+}
+
+/// A batching engine over the base model, sized for one query's reranking pool.
+pub fn base_engine(name_or_path: &str) -> Result<LlmEngine> {
+    let (name, path) = crate::resolve::resolve_model(name_or_path)?;
+    let model = Model::load(&name, &path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let config = EngineConfig {
+        kv_budget: KvBudget::Blocks(4096),
+        max_num_seqs: 32,
+        ..EngineConfig::default()
+    };
+    Ok(LlmEngine::new(Arc::new(model), config)?)
+}
+
+/// Make the Milvus collection of `corpus` hold exactly its chunks.
+pub fn sync_milvus(corpus: &str, uri: &str) -> Result<SyncReport> {
     let corpus = store().open(corpus)?;
-    let vector = if mode == SearchMode::Bm25 {
-        None
-    } else {
-        // The corpus records its embedder as "name:dim:max_len".
-        let stored = corpus
-            .embedder_id()
-            .split(':')
-            .next()
-            .unwrap_or(DEFAULT_EMBEDDER)
-            .to_string();
-        let embedder = load_embedder(embedder.unwrap_or(&stored))?;
-        if embedder.id() != corpus.embedder_id() {
-            bail!(
-                "corpus was embedded with {}, not {}",
-                corpus.embedder_id(),
-                embedder.id()
-            );
-        }
-        Some(embedder.embed(&[query])?.remove(0))
-    };
-    let options = SearchOptions {
-        mode,
-        k,
-        ..SearchOptions::default()
-    };
-    let mut hits = corpus.search(query, vector.as_deref(), &options)?;
-    let mut features = serde_json::Value::Null;
-    if let Some(dir) = cross_encoder {
-        let ce = CrossEncoder::load(dir, &Device::Cpu)
-            .with_context(|| format!("loading cross-encoder {}", dir.display()))?;
-        // The study's features come from the dense arm and its reranked order.
-        let dense_options = SearchOptions {
-            mode: SearchMode::Dense,
-            ..options
-        };
-        let dense = match &vector {
-            _ if mode == SearchMode::Dense => hits.clone(),
-            Some(v) => corpus.search(query, Some(v), &dense_options)?,
-            None => Vec::new(),
-        };
-        let dense_scores: Vec<(String, f32)> = dense
-            .iter()
-            .map(|h| (h.chunk.id.clone(), h.dense_score.unwrap_or(f32::NAN)))
-            .collect();
-        let reranked_dense = triage_retrieval::rerank(query, dense, &ce)?;
-        let order: Vec<_> = reranked_dense
-            .iter()
-            .map(|h| (h.chunk.id.clone(), h.chunk.kind))
-            .collect();
-        features =
-            serde_json::to_value(triage_retrieval::retrieval_features(&dense_scores, &order))?;
-        hits = triage_retrieval::rerank(query, hits, &ce)?;
+    let milvus = MilvusBackend::connect(uri, &corpus)?;
+    Ok(milvus.sync(&corpus)?)
+}
+
+/// Search and return the JSON the command prints.
+pub fn retrieve(cmd: &RetrieveCommand) -> Result<serde_json::Value> {
+    if cmd.rerank && cmd.cross_encoder.is_some() {
+        bail!("--rerank and --cross-encoder both choose a reranker: give one");
     }
+    let corpus = store().open(&cmd.corpus)?;
+    let embedder = corpus_embedder(&corpus, cmd.embedder.as_deref())?;
+    let needs_engine = cmd.rerank || cmd.params.mode == RetrieveMode::Dual;
+    let mut engine = if needs_engine {
+        Some(base_engine(&cmd.model)?)
+    } else {
+        None
+    };
+    let mut cross_encoder = match &cmd.cross_encoder {
+        Some(dir) => Some(
+            CrossEncoder::load(dir, &Device::Cpu)
+                .with_context(|| format!("loading cross-encoder {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    let rerank_with = match (&mut cross_encoder, cmd.rerank) {
+        (Some(ce), _) => RerankWith::Custom(ce),
+        (None, true) => RerankWith::Llm,
+        (None, false) => RerankWith::None,
+    };
+    let milvus = match &cmd.milvus {
+        Some(uri) => Some(MilvusBackend::connect(uri, &corpus)?),
+        None => None,
+    };
+    let mut retriever = Retriever {
+        corpus: &corpus,
+        embedder: &embedder,
+        engine: engine.as_mut(),
+        backend: milvus.as_ref().map(|m| m as &dyn SearchBackend),
+    };
+    let found = retriever.retrieve(&cmd.query, &cmd.params, rerank_with)?;
     Ok(json!({
-        "features": features,
         "corpus": corpus.name,
-        "query": query,
-        "mode": format!("{mode:?}").to_lowercase(),
-        "hits": hits.iter().enumerate().map(|(i, h)| json!({
+        "query": cmd.query,
+        "mode": format!("{:?}", cmd.params.mode).to_lowercase(),
+        "pseudo_passage": found.pseudo_passage,
+        "features": found.features,
+        "hits": found.hits.iter().enumerate().map(|(i, h)| json!({
             "rank": i + 1,
             "id": h.chunk.id,
             "document": h.chunk.doc_id,
@@ -143,6 +183,7 @@ pub fn retrieve(
             "dense_rank": h.dense_rank,
             "dense_score": h.dense_score,
             "bm25_rank": h.bm25_rank,
+            "pseudo_rank": h.pseudo_rank,
             "text": h.chunk.text,
         })).collect::<Vec<_>>(),
     }))

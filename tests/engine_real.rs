@@ -216,3 +216,83 @@ fn qwen_05b_relevance_prefers_the_passage_that_answers() {
     );
     assert_eq!(engine.scheduler().kv().pool().num_used(), 0);
 }
+
+/// `triage retrieve --mode dual --rerank` with the fetched 0.5B and MiniLM: the model writes a
+/// pseudo-passage, the judge reranks, the six features come back, and the answering document
+/// ranks first.
+#[test]
+fn retrieve_dual_with_llm_rerank_finds_the_answering_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let models = triage_models::paths::triage_home().join("models");
+    std::os::unix::fs::symlink(&models, home.join("models")).unwrap();
+    let docs = dir.path().join("docs.jsonl");
+    let records = [
+        (
+            "crate",
+            "The red crate holds copper wire and is stored in bay 4 of the warehouse.",
+        ),
+        (
+            "trucks",
+            "Delivery trucks arrive on Tuesdays and returns leave on Fridays.",
+        ),
+        (
+            "bananas",
+            "Bananas are a good source of potassium and ripen quickly.",
+        ),
+        (
+            "staff",
+            "The night shift has six workers who check the loading docks.",
+        ),
+    ];
+    let lines: String = records
+        .iter()
+        .map(|(id, text)| format!("{}\n", serde_json::json!({"id": id, "text": text})))
+        .collect();
+    std::fs::write(&docs, lines).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_triage"))
+            .args(args)
+            .env("TRIAGE_HOME", &home)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    run(&["ingest", "--corpus", "depot", docs.to_str().unwrap()]);
+    let out = run(&[
+        "retrieve",
+        "--corpus",
+        "depot",
+        "Which bay is the red crate stored in?",
+        "--mode",
+        "dual",
+        "--rerank",
+        "--k",
+        "3",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert!(
+        !v["pseudo_passage"].as_str().unwrap_or("").trim().is_empty(),
+        "{v}"
+    );
+    let hits = v["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), 3, "{v}");
+    assert_eq!(hits[0]["document"], "crate", "{v}");
+    for name in [
+        "top1_dense",
+        "top2_margin",
+        "mean_top5_dense",
+        "dense_rerank_overlap",
+        "rerank_top1_dense_rank",
+        "structural_fraction",
+    ] {
+        assert!(v["features"][name].is_number(), "{name}: {v}");
+    }
+}

@@ -1,0 +1,155 @@
+//! Question-answering data sets as corpora plus questions with gold documents: HotpotQA
+//! (dev, distractor setting; gold = the supporting-fact paragraphs) and SQuAD v2 (dev; answerable
+//! questions, gold = the question's paragraph). Both come with `triage models fetch --data`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use triage_retrieval::Document;
+
+/// One question with its reference answers and the ids of the documents that hold the evidence.
+#[derive(Debug, Clone)]
+pub struct QaExample {
+    pub id: String,
+    pub question: String,
+    pub answers: Vec<String>,
+    pub gold_docs: Vec<String>,
+}
+
+/// A corpus and questions over it.
+#[derive(Debug, Clone)]
+pub struct QaDataset {
+    pub name: String,
+    pub documents: Vec<Document>,
+    pub examples: Vec<QaExample>,
+}
+
+/// Where `models fetch --data` puts the evaluation files.
+pub fn data_file(file: &str) -> Result<PathBuf> {
+    let path = triage_models::paths::data_dir().join(file);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `triage models fetch --data`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+}
+
+#[derive(Deserialize)]
+struct HotpotRecord {
+    #[serde(rename = "_id")]
+    id: String,
+    question: String,
+    answer: String,
+    supporting_facts: Vec<(String, serde_json::Value)>,
+    context: Vec<(String, Vec<String>)>,
+}
+
+/// The first `num_questions` HotpotQA questions; the corpus is every paragraph of their contexts
+/// (an open corpus: each question's distractors compete with everyone's), one document per
+/// title.
+pub fn hotpotqa(path: &Path, num_questions: usize) -> Result<QaDataset> {
+    let records: Vec<HotpotRecord> = read_json(path)?;
+    let mut seen = BTreeSet::new();
+    let mut documents = Vec::new();
+    let mut examples = Vec::new();
+    for r in records.into_iter().take(num_questions) {
+        for (title, sentences) in &r.context {
+            if seen.insert(title.clone()) {
+                documents.push(Document {
+                    id: title.clone(),
+                    title: title.clone(),
+                    text: sentences.concat(),
+                });
+            }
+        }
+        let gold: BTreeSet<String> = r.supporting_facts.into_iter().map(|(t, _)| t).collect();
+        examples.push(QaExample {
+            id: r.id,
+            question: r.question,
+            answers: vec![r.answer],
+            gold_docs: gold.into_iter().collect(),
+        });
+    }
+    Ok(QaDataset {
+        name: "hotpotqa".into(),
+        documents,
+        examples,
+    })
+}
+
+#[derive(Deserialize)]
+struct SquadFile {
+    data: Vec<SquadArticle>,
+}
+
+#[derive(Deserialize)]
+struct SquadArticle {
+    title: String,
+    paragraphs: Vec<SquadParagraph>,
+}
+
+#[derive(Deserialize)]
+struct SquadParagraph {
+    context: String,
+    qas: Vec<SquadQuestion>,
+}
+
+#[derive(Deserialize)]
+struct SquadQuestion {
+    id: String,
+    question: String,
+    answers: Vec<SquadAnswer>,
+    #[serde(default)]
+    is_impossible: bool,
+}
+
+#[derive(Deserialize)]
+struct SquadAnswer {
+    text: String,
+}
+
+/// Every SQuAD v2 dev paragraph as a document (`<title>#<index>`) and `num_questions` answerable
+/// questions spread evenly over the file (every n-th, so all articles are represented).
+pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
+    let file: SquadFile = read_json(path)?;
+    let mut documents = Vec::new();
+    let mut answerable = Vec::new();
+    for article in file.data {
+        for (i, p) in article.paragraphs.into_iter().enumerate() {
+            let id = format!("{}#{i}", article.title);
+            for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
+                answerable.push(QaExample {
+                    id: q.id,
+                    question: q.question,
+                    answers: q.answers.into_iter().map(|a| a.text).collect(),
+                    gold_docs: vec![id.clone()],
+                });
+            }
+            documents.push(Document {
+                id,
+                title: article.title.replace('_', " "),
+                text: p.context,
+            });
+        }
+    }
+    let step = (answerable.len() / num_questions.max(1)).max(1);
+    let examples = answerable
+        .into_iter()
+        .step_by(step)
+        .take(num_questions)
+        .collect();
+    Ok(QaDataset {
+        name: "squad".into(),
+        documents,
+        examples,
+    })
+}
