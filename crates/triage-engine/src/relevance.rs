@@ -11,10 +11,11 @@ use crate::llm_engine::{LlmEngine, StreamEvent};
 use crate::sampler::SamplingParams;
 use crate::{EngineError, Result};
 
-/// The judge's prompt. Passage first, question last, and "answered from the passage alone": on
-/// six SQuAD questions against 25 paragraphs of one article, the 0.5B base model put the gold
-/// paragraph first for 4 (mean reciprocal rank 0.78); the question-first "does it help" wording
-/// managed 0.15, worse than chance.
+/// The judge's prompt: passage first, question last, "answered from the passage alone". Chosen
+/// on a one-off probe (not kept in the repo) of six SQuAD questions against 25 paragraphs of one
+/// article, where it put the gold paragraph first for 4 and the question-first "does it help"
+/// wording did worse than chance. At scale `triage bench retrieval --llm-questions N` measures
+/// it; with the 0.5B it still lowers MRR there (benches/RESULTS.md).
 const SYSTEM: &str = "You are a search relevance judge.";
 
 fn judgement(question: &str, passage: &str) -> String {

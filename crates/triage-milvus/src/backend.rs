@@ -213,17 +213,17 @@ impl MilvusBackend {
         self.ids_by_iterator().or_else(|_| self.ids_by_pages())
     }
 
-    fn id_query(&self) -> Result<QueryRequestBuilder> {
-        Ok(QueryRequest::builder()
+    fn id_query(&self) -> QueryRequestBuilder {
+        QueryRequest::builder()
             .collection_name(&self.collection)
             .filter(format!("{ID} != \"\""))
             .output_fields([ID])
-            .consistency_level(ConsistencyLevel::Strong))
+            .consistency_level(ConsistencyLevel::Strong)
     }
 
     fn ids_by_iterator(&self) -> Result<BTreeSet<String>> {
         let request = QueryIteratorRequest::builder()
-            .query(self.id_query()?.build()?)
+            .query(self.id_query().build()?)
             .batch_size(ID_BATCH)
             .build()?;
         let listed = self.runtime.block_on(async {
@@ -247,7 +247,7 @@ impl MilvusBackend {
         let mut ids = BTreeSet::new();
         loop {
             let request = self
-                .id_query()?
+                .id_query()
                 .limit(ID_BATCH as i64)
                 .offset(ids.len() as i64)
                 .build()?;
@@ -406,6 +406,8 @@ impl SearchBackend for MilvusBackend {
         rrf_k: f32,
         _exact: bool,
     ) -> triage_retrieval::Result<HybridRanking> {
+        // Three round trips: the fused order comes from Milvus's own RRF ranker (the point of
+        // this backend), the two plain searches only report each hit's rank per arm.
         Ok(HybridRanking {
             fused: self.hybrid_search(query, vector, candidates, rrf_k)?,
             dense: self.dense_search(vector, candidates)?,
