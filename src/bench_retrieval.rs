@@ -9,8 +9,8 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use triage_retrieval::metrics::{hit_at, recall_at, reciprocal_rank, unique_documents};
 use triage_retrieval::{
-    rerank, CachedReranker, ChunkerConfig, Corpus, CorpusStore, Embedder, Hit, SearchMode,
-    SearchOptions,
+    rerank, BertEmbedder, CachedReranker, ChunkerConfig, Corpus, CorpusStore, Embedder, Hit,
+    IngestReport, SearchMode, SearchOptions,
 };
 use triage_router::{write_pseudo_passages, LlmReranker, PSEUDO_PASSAGE_TOKENS};
 
@@ -75,12 +75,38 @@ pub struct RetrievalBench {
 /// Per-question document rankings of one arm.
 type Rankings = Vec<Vec<String>>;
 
-fn load(config: &RetrievalBenchConfig) -> Result<QaDataset> {
-    match config.dataset.as_str() {
-        "hotpotqa" => datasets::hotpotqa(&datasets::data_file("hotpotqa.json")?, config.questions),
-        "squad" => datasets::squad(&datasets::data_file("squad.json")?, config.questions),
+/// The first `questions` questions of `hotpotqa` or `squad` with their corpus.
+pub fn load_dataset(dataset: &str, questions: usize) -> Result<QaDataset> {
+    match dataset {
+        "hotpotqa" => datasets::hotpotqa(&datasets::data_file("hotpotqa.json")?, questions),
+        "squad" => datasets::squad(&datasets::data_file("squad.json")?, questions),
         other => bail!("unknown data set {other:?}: use hotpotqa or squad"),
     }
+}
+
+fn load(config: &RetrievalBenchConfig) -> Result<QaDataset> {
+    load_dataset(&config.dataset, config.questions)
+}
+
+/// The corpus of a data set, kept under `$TRIAGE_HOME` as `bench-<data>-<questions>`: a rerun
+/// finds every document unchanged and skips the embedding.
+pub fn dataset_corpus(
+    data: &QaDataset,
+    questions: usize,
+    embedder: &BertEmbedder,
+) -> Result<(Corpus, IngestReport)> {
+    let store = CorpusStore::new(&triage_models::paths::triage_home());
+    let name = format!("bench-{}-{}", data.name, questions);
+    let tokenizer = embedder.model.tokenizer().clone();
+    let report = store.ingest(
+        &name,
+        &data.documents,
+        &[],
+        embedder,
+        &tokenizer,
+        ChunkerConfig::default(),
+    )?;
+    Ok((store.open(&name)?, report))
 }
 
 fn documents_of(hits: &[Hit]) -> Vec<String> {
@@ -222,27 +248,15 @@ fn llm_arms(
 pub fn run(config: &RetrievalBenchConfig) -> Result<RetrievalBench> {
     let data = load(config)?;
     let embedder = crate::retrieve::load_embedder(&config.embedder)?;
-    // A named corpus under $TRIAGE_HOME: a rerun finds every document unchanged and skips the
-    // embedding (the ingest rate is then not measured again).
-    let store = CorpusStore::new(&triage_models::paths::triage_home());
-    let name = format!("bench-{}-{}", data.name, config.questions);
-    let tokenizer = embedder.model.tokenizer().clone();
     eprintln!(
         "{}: ingesting {} documents",
         data.name,
         data.documents.len()
     );
+    // On a rerun nothing is embedded again (the ingest rate is then not measured again).
     let start = Instant::now();
-    let report = store.ingest(
-        &name,
-        &data.documents,
-        &[],
-        &embedder,
-        &tokenizer,
-        ChunkerConfig::default(),
-    )?;
+    let (corpus, report) = dataset_corpus(&data, config.questions, &embedder)?;
     let ingest_s = start.elapsed().as_secs_f64();
-    let corpus = store.open(&name)?;
     eprintln!(
         "  {} chunks in {ingest_s:.1} s; searching {} questions",
         report.chunks_total,

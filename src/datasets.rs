@@ -153,3 +153,66 @@ pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
         examples,
     })
 }
+
+/// One SQuAD article cut to its first paragraphs, with their answerable questions.
+#[derive(Debug, Clone)]
+pub struct ArticleQa {
+    pub title: String,
+    pub documents: Vec<Document>,
+    pub examples: Vec<QaExample>,
+}
+
+/// Articles of SQuAD v2 dev in file order, each cut to its first `num_paragraphs` paragraphs
+/// with at most `per_article` of their answerable questions (spread evenly), until
+/// `num_questions` questions are collected.
+pub fn squad_articles(
+    path: &Path,
+    num_paragraphs: usize,
+    per_article: usize,
+    num_questions: usize,
+) -> Result<Vec<ArticleQa>> {
+    let file: SquadFile = read_json(path)?;
+    let mut out = Vec::new();
+    let mut total = 0;
+    for article in file.data {
+        if total >= num_questions {
+            break;
+        }
+        let mut documents = Vec::new();
+        let mut answerable = Vec::new();
+        for (i, p) in article
+            .paragraphs
+            .into_iter()
+            .take(num_paragraphs)
+            .enumerate()
+        {
+            let id = format!("{}#{i}", article.title);
+            for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
+                answerable.push(QaExample {
+                    id: q.id,
+                    question: q.question,
+                    answers: q.answers.into_iter().map(|a| a.text).collect(),
+                    gold_docs: vec![id.clone()],
+                });
+            }
+            documents.push(Document {
+                id,
+                title: article.title.replace('_', " "),
+                text: p.context,
+            });
+        }
+        let take = per_article.min(num_questions - total).min(answerable.len());
+        if take == 0 {
+            continue;
+        }
+        let step = answerable.len() / take;
+        let examples: Vec<QaExample> = answerable.into_iter().step_by(step).take(take).collect();
+        total += examples.len();
+        out.push(ArticleQa {
+            title: article.title,
+            documents,
+            examples,
+        });
+    }
+    Ok(out)
+}

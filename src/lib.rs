@@ -2,15 +2,21 @@
 //! façade (`triage::...`) over the workspace crates, plus model fetching and the CLI.
 #![deny(unsafe_code)]
 
+pub mod ask;
 pub mod bench;
 pub mod bench_retrieval;
+pub mod bench_route;
 pub mod catalog;
 pub mod datasets;
+pub mod engine;
 pub mod fetch;
+pub mod qa_metrics;
 pub mod resolve;
 pub mod retrieve;
 pub mod serve;
+pub mod train;
 
+pub use engine::{CorpusInfo, Engine, Error, ModelsConfig, TriageConfig};
 pub use triage_engine::entropy_monitor::{
     Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold,
 };
@@ -24,6 +30,7 @@ pub use triage_models::model::Model;
 pub use triage_models::transformer::LoadOptions;
 pub use triage_models::ModelError;
 pub use triage_ops::{logits_reduce, LogitsStats};
+pub use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath, RoutingConfig};
 
 /// Version with git revision and enabled features, as `triage --version` prints it.
 pub const VERSION: &str = concat!(

@@ -33,6 +33,13 @@ enum Command {
     Ingest(IngestArgs),
     /// Search a corpus.
     Retrieve(RetrieveArgs),
+    /// Answer a question over a corpus through the routing pipeline.
+    Ask(AskArgs),
+    /// Fit the routing policies.
+    Train {
+        #[command(subcommand)]
+        command: TrainCommand,
+    },
     /// Benchmarks through the batching engine.
     Bench {
         #[command(subcommand)]
@@ -82,6 +89,66 @@ struct IngestArgs {
     milvus: Option<String>,
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args)]
+struct AskArgs {
+    /// A corpus made by `triage ingest`.
+    #[arg(long)]
+    corpus: String,
+    question: String,
+    /// auto (let the router decide), none (closed book), rag, hybrid or lc (whole corpus).
+    #[arg(long, default_value = "auto")]
+    route: String,
+    /// Entropy threshold τ of this question (in the configured estimator's unit).
+    #[arg(long)]
+    tau: Option<f32>,
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// Engine config (TOML): models by role, corpora, `[routing]`.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Base model (name or path) instead of the config's.
+    #[arg(long)]
+    base: Option<String>,
+    /// Long-context model (name or path) instead of the config's.
+    #[arg(long)]
+    long_context: Option<String>,
+    /// Print one JSON object: answer, route (the decision record), usage, timings.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum TrainCommand {
+    /// The learned query classifier (MiniLM embedding + logistic regression), from a JSON-lines
+    /// file of {"query", "label": "point"|"global", "group"}; reports held-out accuracy.
+    Classifier {
+        #[arg(long, default_value = "data/query-classes/queries.jsonl")]
+        data: std::path::PathBuf,
+        /// Where to write the frozen model (default $TRIAGE_HOME/policies/classifier.json).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+        embedder: String,
+        /// Also measure the zero-shot classifier with this router model on the held-out rows.
+        #[arg(long)]
+        zero_shot_model: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The retrieval-gain policy (ridge on the six features, τ_h by grouped cross-validation).
+    GainPolicy {
+        #[arg(long, default_value = "squad")]
+        dataset: String,
+        #[arg(long, default_value_t = 500)]
+        questions: usize,
+        /// Where to write the frozen policy (default $TRIAGE_HOME/policies/gain-policy.json).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -168,6 +235,27 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// The routing pipeline on SQuAD v2 (needs `models fetch --data`): forced RAG, forced long
+    /// context and auto per question over its article's first paragraphs; accuracy, tokens and
+    /// time per path, and the AUROC of each uncertainty signal for a wrong RAG answer.
+    Route {
+        #[arg(long, default_value_t = 100)]
+        questions: usize,
+        /// Paragraphs of each article in its corpus (8 ≈ 1.3k tokens).
+        #[arg(long, default_value_t = 8)]
+        paragraphs: usize,
+        /// Questions taken from one article at most.
+        #[arg(long, default_value_t = 12)]
+        per_article: usize,
+        #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+        base: String,
+        #[arg(long, default_value = "qwen2.5-coder-1.5b")]
+        long_context: String,
+        #[arg(long)]
+        tau: Option<f32>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -243,8 +331,81 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Ingest(args) => ingest(args),
         Command::Retrieve(args) => retrieve(args),
+        Command::Ask(args) => triage::ask::ask(&triage::ask::AskCommand {
+            corpus: args.corpus,
+            question: args.question,
+            route: args.route.parse()?,
+            tau: args.tau,
+            max_tokens: args.max_tokens,
+            config: args.config,
+            base: args.base,
+            long_context: args.long_context,
+            json: args.json,
+        }),
+        Command::Train { command } => train(command),
         Command::Bench { command } => bench(command),
     }
+}
+
+fn train(command: TrainCommand) -> Result<()> {
+    match command {
+        TrainCommand::Classifier {
+            data,
+            out,
+            embedder,
+            zero_shot_model,
+            json,
+        } => {
+            let r = triage::train::train_classifier(
+                &data,
+                out.as_deref(),
+                &embedder,
+                zero_shot_model.as_deref(),
+            )?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "learned classifier: held-out accuracy {:.3} on {} rows ({} groups); trained \
+                     on {} rows",
+                    r.learned_accuracy, r.held_out_rows, r.held_out_groups, r.train_rows
+                );
+                if let (Some(z), Some(m)) = (r.zero_shot_accuracy, &r.zero_shot_model) {
+                    println!("zero-shot ({m}): held-out accuracy {z:.3}");
+                }
+                println!("saved {} (sha256 {})", r.path.display(), r.sha256);
+            }
+        }
+        TrainCommand::GainPolicy {
+            dataset,
+            questions,
+            out,
+            json,
+        } => {
+            let r = triage::train::train_gain_policy(&dataset, questions, out.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let cv = &r.cross_validation;
+                println!(
+                    "gain policy on {} {} questions ({} held out): tau_h = {:.4}",
+                    cv.num_examples, r.dataset, r.held_out_questions, r.tau_h
+                );
+                println!(
+                    "cross-validated Hit@10: dense {:.3}, hybrid {:.3}, policy {:.3} at a hybrid \
+                     rate of {:.3}; objective policy {:.3} vs always-hybrid {:.3}",
+                    cv.hit_dense_always,
+                    cv.hit_hybrid_always,
+                    cv.hit_policy,
+                    cv.hybrid_rate,
+                    cv.objective_policy,
+                    cv.objective_hybrid_always
+                );
+                println!("saved {} (sha256 {})", r.path.display(), r.sha256);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn ingest(args: IngestArgs) -> Result<()> {
@@ -418,6 +579,33 @@ fn bench(command: BenchCommand) -> Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 print!("{}", triage::bench_retrieval::markdown(&r));
+            }
+        }
+        BenchCommand::Route {
+            questions,
+            paragraphs,
+            per_article,
+            base,
+            long_context,
+            tau,
+            json,
+        } => {
+            if questions == 0 || paragraphs == 0 || per_article == 0 {
+                anyhow::bail!("--questions, --paragraphs and --per-article must be at least 1");
+            }
+            let config = triage::bench_route::RouteBenchConfig {
+                questions,
+                paragraphs,
+                per_article,
+                base,
+                long_context,
+                tau,
+            };
+            let r = triage::bench_route::run(&config)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print!("{}", triage::bench_route::markdown(&r));
             }
         }
     }

@@ -163,7 +163,9 @@ pub fn retrieve(cmd: &RetrieveCommand) -> Result<serde_json::Value> {
     let mut retriever = Retriever {
         corpus: &corpus,
         embedder: &embedder,
-        engine: engine.as_mut(),
+        generator: engine
+            .as_mut()
+            .map(|e| e as &mut dyn triage_router::Generator),
         backend: milvus.as_ref().map(|m| m as &dyn SearchBackend),
     };
     let found = retriever.retrieve(&cmd.query, &cmd.params, rerank_with)?;

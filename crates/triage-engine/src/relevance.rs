@@ -5,8 +5,9 @@
 //! All passages run as one batch through the engine.
 
 use triage_models::chat_template::ChatMessage;
+use triage_models::tokenizer::TextTokenizer;
 
-use crate::generate::{EntropySettings, GenerateRequest, Prompt};
+use crate::generate::{EntropySettings, GenerateRequest, Prompt, TokenOutput};
 use crate::llm_engine::{LlmEngine, StreamEvent};
 use crate::sampler::SamplingParams;
 use crate::{EngineError, Result};
@@ -26,10 +27,10 @@ fn judgement(question: &str, passage: &str) -> String {
 }
 
 /// Token ids of the single-token spellings of `words` (multi-token spellings are skipped).
-fn single_tokens(engine: &LlmEngine, words: &[&str]) -> Result<Vec<u32>> {
+fn single_tokens(tokenizer: &TextTokenizer, words: &[&str]) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     for w in words {
-        let t = engine.model().tokenizer.encode(w, false, false)?;
+        let t = tokenizer.encode(w, false, false)?;
         if t.len() == 1 && !ids.contains(&t[0]) {
             ids.push(t[0]);
         }
@@ -46,24 +47,30 @@ fn log_sum_exp(values: impl Iterator<Item = f32>) -> f32 {
     max + v.iter().map(|x| (x - max).exp()).sum::<f32>().ln()
 }
 
-/// One score per passage, higher = more relevant to `question`. Steps `engine` until it is idle,
-/// so requests already queued on it finish too.
-pub fn relevance_scores(
-    engine: &mut LlmEngine,
-    question: &str,
-    passages: &[&str],
-) -> Result<Vec<f32>> {
-    let yes = single_tokens(engine, &["yes", "Yes", " yes", " Yes"])?;
-    let no = single_tokens(engine, &["no", "No", " no", " No"])?;
-    if yes.is_empty() || no.is_empty() {
-        return Err(EngineError::Invalid(
-            "the model's vocabulary has no single-token yes/no".into(),
-        ));
+/// The yes and no answer tokens of one model, and the judge requests built with them.
+#[derive(Debug, Clone)]
+pub struct RelevanceJudge {
+    yes: Vec<u32>,
+    no: Vec<u32>,
+}
+
+impl RelevanceJudge {
+    /// The judge for a model whose tokenizer is `tokenizer`; an error when its vocabulary has no
+    /// single-token yes or no.
+    pub fn new(tokenizer: &TextTokenizer) -> Result<Self> {
+        let yes = single_tokens(tokenizer, &["yes", "Yes", " yes", " Yes"])?;
+        let no = single_tokens(tokenizer, &["no", "No", " no", " No"])?;
+        if yes.is_empty() || no.is_empty() {
+            return Err(EngineError::Invalid(
+                "the model's vocabulary has no single-token yes/no".into(),
+            ));
+        }
+        Ok(Self { yes, no })
     }
-    let scored: Vec<u32> = yes.iter().chain(&no).copied().collect();
-    let mut receivers = Vec::with_capacity(passages.len());
-    for passage in passages {
-        let request = GenerateRequest {
+
+    /// One judgement: a single greedy step that reports the logprobs of the yes/no tokens.
+    pub fn request(&self, question: &str, passage: &str) -> GenerateRequest {
+        GenerateRequest {
             prompt: Prompt::Chat(vec![
                 ChatMessage::new("system", SYSTEM),
                 ChatMessage::new("user", judgement(question, passage)),
@@ -72,12 +79,39 @@ pub fn relevance_scores(
                 temperature: 0.0,
                 max_tokens: Some(1),
                 ignore_eos: true,
-                score_token_ids: scored.clone(),
+                score_token_ids: self.yes.iter().chain(&self.no).copied().collect(),
                 ..SamplingParams::default()
             },
             entropy: EntropySettings::default(),
+        }
+    }
+
+    /// The score of a judgement's first token: log p(yes) − log p(no).
+    pub fn score(&self, token: &TokenOutput) -> f32 {
+        let lp = |ids: &[u32]| {
+            log_sum_exp(
+                token
+                    .scored_logprobs
+                    .iter()
+                    .filter(|(id, _)| ids.contains(id))
+                    .map(|(_, lp)| *lp),
+            )
         };
-        receivers.push(engine.add_request(&request)?.1);
+        lp(&self.yes) - lp(&self.no)
+    }
+}
+
+/// One score per passage, higher = more relevant to `question`. Steps `engine` until it is idle,
+/// so requests already queued on it finish too.
+pub fn relevance_scores(
+    engine: &mut LlmEngine,
+    question: &str,
+    passages: &[&str],
+) -> Result<Vec<f32>> {
+    let judge = RelevanceJudge::new(&engine.model().tokenizer)?;
+    let mut receivers = Vec::with_capacity(passages.len());
+    for passage in passages {
+        receivers.push(engine.add_request(&judge.request(question, passage))?.1);
     }
     while engine.has_unfinished() {
         engine.step()?;
@@ -94,16 +128,7 @@ pub fn relevance_scores(
                 .ok_or_else(|| {
                     EngineError::Invalid("a scoring request produced no token".into())
                 })?;
-            let lp = |ids: &[u32]| {
-                log_sum_exp(
-                    token
-                        .scored_logprobs
-                        .iter()
-                        .filter(|(id, _)| ids.contains(id))
-                        .map(|(_, lp)| *lp),
-                )
-            };
-            Ok(lp(&yes) - lp(&no))
+            Ok(judge.score(&token))
         })
         .collect()
 }

@@ -4,9 +4,11 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouterError {
-    #[error("engine: {0}")]
+    #[error(transparent)]
     Engine(#[from] triage_engine::EngineError),
-    #[error("retrieval: {0}")]
+    #[error(transparent)]
+    Model(#[from] triage_models::ModelError),
+    #[error(transparent)]
     Retrieval(#[from] triage_retrieval::RetrievalError),
     #[error("{0}")]
     Invalid(String),

@@ -2,11 +2,11 @@
 //! short passage that would answer the question; its embedding is the second search vector.
 
 use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{LlmEngine, StreamEvent};
 use triage_engine::sampler::SamplingParams;
 use triage_models::chat_template::ChatMessage;
 
 use crate::error::{Result, RouterError};
+use crate::generator::{Generator, ModelRole};
 
 /// Length cap of a pseudo-passage: a short paragraph, like the chunks it is matched against.
 pub const PSEUDO_PASSAGE_TOKENS: usize = 96;
@@ -29,9 +29,9 @@ fn request(question: &str, max_tokens: usize) -> GenerateRequest {
     }
 }
 
-/// One pseudo-passage per question, generated as one batch. Steps `engine` until it is idle.
+/// One pseudo-passage per question, generated as one batch by the base model.
 pub fn write_pseudo_passages(
-    engine: &mut LlmEngine,
+    generator: &mut dyn Generator,
     questions: &[&str],
     max_tokens: usize,
 ) -> Result<Vec<String>> {
@@ -40,33 +40,19 @@ pub fn write_pseudo_passages(
             "a pseudo-passage needs at least one token".into(),
         ));
     }
-    let mut receivers = Vec::with_capacity(questions.len());
-    for q in questions {
-        receivers.push(engine.add_request(&request(q, max_tokens))?.1);
-    }
-    while engine.has_unfinished() {
-        engine.step()?;
-    }
-    Ok(receivers
+    let requests: Vec<_> = questions.iter().map(|q| request(q, max_tokens)).collect();
+    let outputs = generator.generate(ModelRole::Base, &requests, &mut |_, _, _| true)?;
+    Ok(outputs
         .into_iter()
-        .map(|rx| {
-            let text: String = rx
-                .try_iter()
-                .filter_map(|event| match event {
-                    StreamEvent::Token(_, text) | StreamEvent::Text(text) => Some(text),
-                    StreamEvent::Finished { .. } => None,
-                })
-                .collect();
-            text.trim().to_string()
-        })
+        .map(|o| o.text.trim().to_string())
         .collect())
 }
 
 /// The pseudo-passage for one question.
 pub fn write_pseudo_passage(
-    engine: &mut LlmEngine,
+    generator: &mut dyn Generator,
     question: &str,
     max_tokens: usize,
 ) -> Result<String> {
-    Ok(write_pseudo_passages(engine, &[question], max_tokens)?.remove(0))
+    Ok(write_pseudo_passages(generator, &[question], max_tokens)?.remove(0))
 }

@@ -2,13 +2,13 @@
 //! dual-path search, optional reranking of the candidates, and the six features of the dense arm
 //! whenever a reranker is present.
 
-use triage_engine::llm_engine::LlmEngine;
 use triage_retrieval::{
     rerank, retrieval_features, CachedReranker, Corpus, Embedder, Hit, Reranker, RetrievalFeatures,
     SearchBackend, SearchMode, SearchOptions,
 };
 
 use crate::error::{Result, RouterError};
+use crate::generator::Generator;
 use crate::llm_reranker::LlmReranker;
 use crate::pseudo_passage::{write_pseudo_passage, PSEUDO_PASSAGE_TOKENS};
 
@@ -66,28 +66,57 @@ pub struct Retrieval {
     pub pseudo_passage: Option<String>,
 }
 
-/// Searches one corpus with its embedder; `engine` (the base model) writes pseudo-passages and
+/// Searches one corpus with its embedder; `generator`'s base model writes pseudo-passages and
 /// runs the LLM reranker.
 pub struct Retriever<'a> {
     pub corpus: &'a Corpus,
     pub embedder: &'a dyn Embedder,
-    pub engine: Option<&'a mut LlmEngine>,
+    pub generator: Option<&'a mut dyn Generator>,
     /// Ranks dense, BM25 and hybrid searches (e.g. Milvus); `None` = the corpus's own indexes.
     /// Dual-path search always scores with the corpus's vectors.
     pub backend: Option<&'a dyn SearchBackend>,
 }
 
 impl Retriever<'_> {
-    fn engine(&mut self) -> Result<&mut LlmEngine> {
-        self.engine.as_deref_mut().ok_or_else(|| {
-            RouterError::Invalid("dual-path search and LLM reranking need a base model".into())
-        })
+    fn generator(&mut self) -> Result<&mut dyn Generator> {
+        // A reborrow of the stored `&mut dyn Generator` (an `Option::as_deref_mut` would tie the
+        // trait object's lifetime to the field's).
+        match &mut self.generator {
+            Some(g) => Ok(&mut **g),
+            None => Err(RouterError::Invalid(
+                "dual-path search and LLM reranking need a base model".into(),
+            )),
+        }
     }
 
     fn embed(&self, text: &str) -> Result<Vec<f32>> {
         let mut v = self.embedder.embed(&[text])?;
         v.pop()
             .ok_or_else(|| RouterError::Invalid("the embedder returned no vector".into()))
+    }
+
+    /// The six features with no reranker: the reranked order is the dense order itself (the
+    /// two agreement features are then constant, and a policy fitted this way ignores them).
+    pub fn dense_features(&mut self, query: &str) -> Result<RetrievalFeatures> {
+        let vector = self.embed(query)?;
+        let options = SearchOptions {
+            mode: SearchMode::Dense,
+            k: FEATURE_DEPTH,
+            ..SearchOptions::default()
+        };
+        let backend = self.backend.unwrap_or(self.corpus);
+        let dense = self
+            .corpus
+            .search_with(backend, query, Some(&vector), &options)?;
+        let scores: Vec<(String, f32)> = dense
+            .iter()
+            .map(|h| (h.chunk.id.clone(), h.dense_score.unwrap_or(f32::NAN)))
+            .collect();
+        let order: Vec<_> = dense
+            .iter()
+            .map(|h| (h.chunk.id.clone(), h.chunk.kind))
+            .collect();
+        Ok(retrieval_features(&scores, &order))
     }
 
     pub fn retrieve(
@@ -121,7 +150,8 @@ impl Retriever<'_> {
         let mut pseudo_passage = None;
         let mut hits = match params.mode {
             RetrieveMode::Dual => {
-                let passage = write_pseudo_passage(self.engine()?, query, PSEUDO_PASSAGE_TOKENS)?;
+                let passage =
+                    write_pseudo_passage(self.generator()?, query, PSEUDO_PASSAGE_TOKENS)?;
                 let passage_vector = self.embed(&passage)?;
                 pseudo_passage = Some(passage);
                 let q = vector.as_deref().unwrap_or_default();
@@ -162,7 +192,7 @@ impl Retriever<'_> {
                 });
             }
             RerankWith::Llm => {
-                llm = LlmReranker::new(self.engine()?);
+                llm = LlmReranker::new(self.generator()?);
                 &mut llm
             }
             RerankWith::Custom(r) => r,

@@ -90,7 +90,7 @@ fn dual_path_scores_hits_against_the_question_and_the_models_pseudo_passage() {
     let mut retriever = Retriever {
         corpus: &corpus,
         embedder: &EMBEDDER,
-        engine: Some(&mut engine),
+        generator: Some(&mut engine),
         backend: None,
     };
     let params = RetrieveParams {
@@ -126,7 +126,7 @@ fn a_reranker_reorders_the_pool_scores_each_passage_once_and_yields_features() {
     let mut retriever = Retriever {
         corpus: &corpus,
         embedder: &EMBEDDER,
-        engine: None,
+        generator: None,
         backend: None,
     };
     let mut reranker = WordReranker {
@@ -165,7 +165,7 @@ fn missing_models_and_bad_settings_are_errors() {
     let mut retriever = Retriever {
         corpus: &corpus,
         embedder: &EMBEDDER,
-        engine: None,
+        generator: None,
         backend: None,
     };
     let dual = RetrieveParams {
@@ -182,7 +182,7 @@ fn missing_models_and_bad_settings_are_errors() {
     };
     assert!(retriever.retrieve("q", &zero, RerankWith::None).is_err());
     // The tiny vocabulary has no single-token yes/no: the LLM reranker says so.
-    retriever.engine = Some(&mut engine);
+    retriever.generator = Some(&mut engine);
     let err = retriever
         .retrieve("q", &RetrieveParams::default(), RerankWith::Llm)
         .unwrap_err();

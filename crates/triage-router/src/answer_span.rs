@@ -1,0 +1,321 @@
+//! Watching a RAG answer: which tokens carry answer content (a fixed preamble such as "According
+//! to the context," does not), the entropy monitor over those tokens only, and the signals a
+//! finished or stopped answer leaves (mean and max entropy, NLL, top-2 margin, "insufficient").
+
+use serde::Serialize;
+use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
+use triage_engine::generate::TokenOutput;
+
+use crate::error::{Result, RouterError};
+
+/// Openings that carry no answer content; matched case-insensitively at the start of an answer.
+pub const DEFAULT_PREAMBLES: &[&str] = &[
+    "According to the context,",
+    "According to the passage,",
+    "According to the text,",
+    "Based on the context,",
+    "Based on the provided context,",
+    "Based on the passage,",
+    "The answer is",
+    "Answer:",
+];
+
+fn normalise(text: &str) -> String {
+    text.trim_start().to_lowercase()
+}
+
+/// Decides token by token whether generated text has left the preamble and entered the answer.
+/// Once a token is part of the answer, every later token is too.
+#[derive(Debug, Clone)]
+pub struct AnswerSpanFilter {
+    preambles: Vec<String>,
+    text: String,
+    in_answer: bool,
+}
+
+impl AnswerSpanFilter {
+    pub fn new(preambles: &[String]) -> Self {
+        Self {
+            preambles: preambles.iter().map(|p| normalise(p)).collect(),
+            text: String::new(),
+            in_answer: false,
+        }
+    }
+
+    /// Whether the token that added `piece` belongs to the answer span. A token that finishes a
+    /// preamble and starts the answer counts as answer.
+    pub fn is_answer(&mut self, piece: &str) -> bool {
+        if self.in_answer {
+            return true;
+        }
+        self.text.push_str(piece);
+        let text = normalise(&self.text);
+        let content = |rest: &str| rest.chars().any(char::is_alphanumeric);
+        if !content(&text) {
+            return false;
+        }
+        if self.preambles.iter().any(|p| p.starts_with(&text)) {
+            return false;
+        }
+        let inside_or_at_end = self.preambles.iter().any(|p| {
+            text.strip_prefix(p.as_str())
+                .is_some_and(|rest| !content(rest))
+        });
+        if inside_or_at_end {
+            return false;
+        }
+        self.in_answer = true;
+        true
+    }
+}
+
+/// One step's value under `estimator` and `unit`, from a streamed token (full-softmax entropy or
+/// the sampled token's surprise; the top-k estimators need the logits and are not offered here).
+pub fn token_value(
+    token: &TokenOutput,
+    estimator: EntropyEstimator,
+    unit: EntropyUnit,
+) -> Result<f32> {
+    let nats = match estimator {
+        EntropyEstimator::FullSoftmax => f64::from(token.entropy),
+        EntropyEstimator::SampledNll => f64::from(-token.logprob),
+        other => {
+            return Err(RouterError::Invalid(format!(
+                "the pipeline monitors full_softmax or sampled_nll, not {other:?}"
+            )))
+        }
+    };
+    Ok(unit.convert_nats(nats.max(0.0)) as f32)
+}
+
+/// The entropy monitor over the answer span of one generation.
+#[derive(Debug, Clone)]
+pub struct SpanMonitor {
+    filter: AnswerSpanFilter,
+    monitor: EntropyMonitor,
+    /// Each generated token's value and whether it was in the answer span.
+    pub trace: Vec<(f32, bool)>,
+    /// Generated tokens when the monitor decided.
+    pub decided_at: Option<usize>,
+}
+
+impl SpanMonitor {
+    pub fn new(filter: AnswerSpanFilter, monitor: EntropyMonitor) -> Self {
+        Self {
+            filter,
+            monitor,
+            trace: Vec::new(),
+            decided_at: None,
+        }
+    }
+
+    /// Observe one generated token; returns the decision so far.
+    pub fn observe(&mut self, token: &TokenOutput) -> Result<Decision> {
+        let value = token_value(token, self.monitor.estimator(), self.monitor.unit())?;
+        let in_span = self.filter.is_answer(&token.text);
+        self.trace.push((value, in_span));
+        let before = self.monitor.decision();
+        let decision = if in_span {
+            self.monitor.observe(value)?
+        } else {
+            before
+        };
+        if !before.is_final() && decision.is_final() {
+            self.decided_at = Some(self.trace.len());
+        }
+        Ok(decision)
+    }
+
+    /// The generation ended: decide on what was seen.
+    pub fn finish(&mut self) -> Decision {
+        let before = self.monitor.decision();
+        let decision = self.monitor.finish();
+        if !before.is_final() {
+            self.decided_at = Some(self.trace.len());
+        }
+        decision
+    }
+
+    pub fn monitor(&self) -> &EntropyMonitor {
+        &self.monitor
+    }
+
+    /// Mean value over the answer span's first `window` tokens (the monitor's statistic).
+    pub fn span_mean(&self) -> Option<f32> {
+        self.monitor.mean()
+    }
+}
+
+/// Per-answer uncertainty signals, each a candidate predictor of a wrong RAG answer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct AnswerSignals {
+    /// Mean full-softmax entropy (nats) of the first `window` generated tokens, preamble included.
+    pub mean_entropy: f32,
+    /// The same over the answer span only.
+    pub span_mean_entropy: f32,
+    pub max_entropy: f32,
+    /// Mean negative logprob of the generated tokens.
+    pub mean_nll: f32,
+    /// Mean gap between the best and second-best logprob (small = torn between two tokens).
+    pub mean_top2_margin: f32,
+    /// The model said the context is insufficient (Self-Route prompt).
+    pub declined: bool,
+}
+
+impl AnswerSignals {
+    /// Signals of the first `window` tokens; NaN where no token was generated.
+    pub fn from_tokens(
+        tokens: &[TokenOutput],
+        preambles: &[String],
+        window: usize,
+        declined: bool,
+    ) -> Self {
+        let head = &tokens[..tokens.len().min(window)];
+        let mean = |values: &[f32]| {
+            if values.is_empty() {
+                f32::NAN
+            } else {
+                values.iter().sum::<f32>() / values.len() as f32
+            }
+        };
+        let entropies: Vec<f32> = head.iter().map(|t| t.entropy).collect();
+        let mut filter = AnswerSpanFilter::new(preambles);
+        let span: Vec<f32> = tokens
+            .iter()
+            .filter(|t| filter.is_answer(&t.text))
+            .take(window)
+            .map(|t| t.entropy)
+            .collect();
+        let nll: Vec<f32> = head.iter().map(|t| -t.logprob).collect();
+        let margins: Vec<f32> = head
+            .iter()
+            .filter(|t| t.top_logprobs.len() >= 2)
+            .map(|t| t.top_logprobs[0].1 - t.top_logprobs[1].1)
+            .collect();
+        Self {
+            mean_entropy: mean(&entropies),
+            span_mean_entropy: mean(&span),
+            max_entropy: entropies.iter().copied().fold(f32::NAN, f32::max),
+            mean_nll: mean(&nll),
+            mean_top2_margin: mean(&margins),
+            declined,
+        }
+    }
+
+    /// The combined score's inputs, in a fixed order (retrieval features appended by the caller).
+    pub fn to_array(&self) -> [f32; 5] {
+        [
+            self.mean_entropy,
+            self.span_mean_entropy,
+            self.max_entropy,
+            self.mean_nll,
+            self.mean_top2_margin,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter() -> AnswerSpanFilter {
+        let preambles: Vec<String> = DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect();
+        AnswerSpanFilter::new(&preambles)
+    }
+
+    fn spans(pieces: &[&str]) -> Vec<bool> {
+        let mut f = filter();
+        pieces.iter().map(|p| f.is_answer(p)).collect()
+    }
+
+    #[test]
+    fn a_preamble_is_skipped_and_the_answer_counted() {
+        assert_eq!(
+            spans(&[
+                "According",
+                " to",
+                " the",
+                " context",
+                ",",
+                " Paris",
+                " is",
+                "."
+            ]),
+            [false, false, false, false, false, true, true, true]
+        );
+        assert_eq!(
+            spans(&["The", " answer", " is", ":", " 42"]),
+            [false, false, false, false, true]
+        );
+    }
+
+    #[test]
+    fn an_answer_that_only_starts_like_a_preamble_counts_from_where_it_diverges() {
+        assert_eq!(
+            spans(&["The", " capital", " is", " Paris"]),
+            [false, true, true, true]
+        );
+        assert_eq!(spans(&["Paris", "."]), [true, true]);
+        assert_eq!(spans(&[" ", "\n", "Paris"]), [false, false, true]);
+    }
+
+    fn token(text: &str, entropy: f32) -> TokenOutput {
+        TokenOutput {
+            id: 0,
+            text: text.into(),
+            logprob: -entropy / 2.0,
+            entropy,
+            top_logprobs: vec![(0, -0.1), (1, -2.1)],
+            scored_logprobs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_monitor_sees_only_the_answer_span() {
+        let monitor =
+            EntropyMonitor::new(1.0, 2, EntropyEstimator::FullSoftmax, EntropyUnit::Nats).unwrap();
+        let mut m = SpanMonitor::new(filter(), monitor);
+        // A very unsure preamble does not escalate; a sure answer is accepted.
+        assert_eq!(
+            m.observe(&token("According", 5.0)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(
+            m.observe(&token(" to the context,", 5.0)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(
+            m.observe(&token(" Paris", 0.5)).unwrap(),
+            Decision::Continue
+        );
+        assert_eq!(m.observe(&token(".", 0.7)).unwrap(), Decision::Accept);
+        assert_eq!(m.decided_at, Some(4));
+        assert!((m.span_mean().unwrap() - 0.6).abs() < 1e-6);
+        let signals = AnswerSignals::from_tokens(
+            &[token("According", 5.0), token(" Paris", 0.5)],
+            &DEFAULT_PREAMBLES
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+            30,
+            false,
+        );
+        assert!((signals.mean_entropy - 2.75).abs() < 1e-6);
+        assert!((signals.span_mean_entropy - 0.5).abs() < 1e-6);
+        assert_eq!(signals.max_entropy, 5.0);
+        assert!((signals.mean_top2_margin - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn an_unsure_answer_escalates_at_the_step_it_becomes_certain() {
+        let monitor =
+            EntropyMonitor::new(1.0, 3, EntropyEstimator::FullSoftmax, EntropyUnit::Nats).unwrap();
+        let mut m = SpanMonitor::new(filter(), monitor);
+        assert_eq!(m.observe(&token("Maybe", 2.0)).unwrap(), Decision::Continue);
+        assert_eq!(
+            m.observe(&token(" Lyon", 2.0)).unwrap(),
+            Decision::Escalate { at_step: 2 }
+        );
+        assert_eq!(m.decided_at, Some(2));
+    }
+}

@@ -1,0 +1,308 @@
+//! The query classifier: point-extraction (retrieval can answer it) versus global synthesis
+//! (summaries, themes, comparisons across documents: only the whole corpus can). Two
+//! implementations behind one trait: a logistic regression over the sentence embedding, and the
+//! router model zero-shot (the logprob of each label).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
+use triage_engine::sampler::SamplingParams;
+use triage_models::chat_template::ChatMessage;
+use triage_retrieval::Embedder;
+
+use crate::error::{Result, RouterError};
+use crate::generator::{Generator, ModelRole};
+use crate::linear::{Frozen, LogisticModel};
+
+/// What kind of question a query is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueryClass {
+    Point,
+    Global,
+}
+
+impl std::str::FromStr for QueryClass {
+    type Err = RouterError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "point" => Ok(Self::Point),
+            "global" => Ok(Self::Global),
+            other => Err(RouterError::Invalid(format!(
+                "unknown query class {other:?} (point or global)"
+            ))),
+        }
+    }
+}
+
+/// One classified query.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Classification {
+    pub label: QueryClass,
+    /// P(global).
+    pub p_global: f32,
+}
+
+impl Classification {
+    fn from_p_global(p_global: f64, threshold: f64) -> Self {
+        Self {
+            label: if p_global >= threshold {
+                QueryClass::Global
+            } else {
+                QueryClass::Point
+            },
+            p_global: p_global as f32,
+        }
+    }
+}
+
+/// What a classifier may use.
+pub struct ClassifyWith<'a> {
+    pub embedder: &'a dyn Embedder,
+    pub generator: &'a mut dyn Generator,
+}
+
+/// Labels queries, a batch at a time.
+pub trait QueryClassifier {
+    /// A short name for decision records (`learned`, `zero_shot`).
+    fn name(&self) -> &'static str;
+    fn classify(
+        &self,
+        queries: &[&str],
+        with: &mut ClassifyWith<'_>,
+    ) -> Result<Vec<Classification>>;
+}
+
+/// The learned classifier's frozen content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearnedClassifierModel {
+    /// The embedder the features come from (`name:dim:max_len`); another one is refused.
+    pub embedder_id: String,
+    pub logistic: LogisticModel,
+    /// P(global) at or above which a query is global.
+    pub threshold: f64,
+}
+
+/// Logistic regression over the query's sentence embedding.
+#[derive(Debug, Clone)]
+pub struct LearnedClassifier {
+    pub model: LearnedClassifierModel,
+}
+
+/// L2 penalty of the fit: strong enough that 384 features on a few hundred rows do not overfit.
+const L2: f64 = 1e-2;
+
+impl LearnedClassifier {
+    /// Fit on labelled queries.
+    pub fn fit(embedder: &dyn Embedder, queries: &[&str], labels: &[QueryClass]) -> Result<Self> {
+        let rows = embedder.embed(queries)?;
+        let targets: Vec<bool> = labels.iter().map(|&l| l == QueryClass::Global).collect();
+        Ok(Self {
+            model: LearnedClassifierModel {
+                embedder_id: embedder.id(),
+                logistic: LogisticModel::fit(&rows, &targets, L2)?,
+                threshold: 0.5,
+            },
+        })
+    }
+
+    pub fn save(&self, path: &Path) -> Result<String> {
+        let frozen = Frozen::new(self.model.clone())?;
+        frozen.save(path)?;
+        Ok(frozen.sha256)
+    }
+
+    pub fn load(path: &Path) -> Result<Self> {
+        Ok(Self {
+            model: Frozen::<LearnedClassifierModel>::load(path)?.model,
+        })
+    }
+}
+
+impl QueryClassifier for LearnedClassifier {
+    fn name(&self) -> &'static str {
+        "learned"
+    }
+
+    fn classify(
+        &self,
+        queries: &[&str],
+        with: &mut ClassifyWith<'_>,
+    ) -> Result<Vec<Classification>> {
+        if with.embedder.id() != self.model.embedder_id {
+            return Err(RouterError::Invalid(format!(
+                "the classifier was trained on {} embeddings, not {}",
+                self.model.embedder_id,
+                with.embedder.id()
+            )));
+        }
+        with.embedder
+            .embed(queries)?
+            .iter()
+            .map(|row| {
+                let p = self.model.logistic.predict(row)?;
+                Ok(Classification::from_p_global(p, self.model.threshold))
+            })
+            .collect()
+    }
+}
+
+const ZERO_SHOT_SYSTEM: &str = "You sort questions asked about a collection of documents.";
+
+fn zero_shot_prompt(query: &str) -> String {
+    format!(
+        "Question: {query}\n\nDoes this question ask for (A) a specific fact that a single passage \
+         can answer, or (B) a summary, the main themes, a comparison or an overview across many \
+         documents? Answer A or B."
+    )
+}
+
+/// The router model reads the query and picks a label; P(global) is its probability of "B"
+/// against "A".
+#[derive(Debug, Clone, Default)]
+pub struct ZeroShotClassifier;
+
+fn single_token(generator: &dyn Generator, words: &[&str]) -> Result<Vec<u32>> {
+    let model = generator.model(ModelRole::Router)?;
+    let mut ids = Vec::new();
+    for w in words {
+        let t = model.tokenizer.encode(w, false, false)?;
+        if t.len() == 1 && !ids.contains(&t[0]) {
+            ids.push(t[0]);
+        }
+    }
+    if ids.is_empty() {
+        return Err(RouterError::Invalid(format!(
+            "the router model has no single token for {words:?}"
+        )));
+    }
+    Ok(ids)
+}
+
+fn pooled(logprobs: &[(u32, f32)], ids: &[u32]) -> f64 {
+    let values: Vec<f64> = logprobs
+        .iter()
+        .filter(|(id, _)| ids.contains(id))
+        .map(|(_, lp)| f64::from(*lp))
+        .collect();
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if !max.is_finite() {
+        return max;
+    }
+    max + values.iter().map(|v| (v - max).exp()).sum::<f64>().ln()
+}
+
+impl QueryClassifier for ZeroShotClassifier {
+    fn name(&self) -> &'static str {
+        "zero_shot"
+    }
+
+    fn classify(
+        &self,
+        queries: &[&str],
+        with: &mut ClassifyWith<'_>,
+    ) -> Result<Vec<Classification>> {
+        let a = single_token(with.generator, &["A", " A"])?;
+        let b = single_token(with.generator, &["B", " B"])?;
+        let scored: Vec<u32> = a.iter().chain(&b).copied().collect();
+        let requests: Vec<GenerateRequest> = queries
+            .iter()
+            .map(|q| GenerateRequest {
+                prompt: Prompt::Chat(vec![
+                    ChatMessage::new("system", ZERO_SHOT_SYSTEM),
+                    ChatMessage::new("user", zero_shot_prompt(q)),
+                ]),
+                params: SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: Some(1),
+                    ignore_eos: true,
+                    score_token_ids: scored.clone(),
+                    ..SamplingParams::default()
+                },
+                entropy: EntropySettings::default(),
+            })
+            .collect();
+        let outputs = with
+            .generator
+            .generate(ModelRole::Router, &requests, &mut |_, _, _| true)?;
+        outputs
+            .iter()
+            .map(|out| {
+                let token = out.tokens.first().ok_or_else(|| {
+                    RouterError::Invalid("the zero-shot classifier produced no token".into())
+                })?;
+                let (la, lb) = (
+                    pooled(&token.scored_logprobs, &a),
+                    pooled(&token.scored_logprobs, &b),
+                );
+                let p_global = 1.0 / (1.0 + (la - lb).exp());
+                Ok(Classification::from_p_global(p_global, 0.5))
+            })
+            .collect()
+    }
+}
+
+/// One labelled query of a training file (JSON lines, written by
+/// `data/query-classes/make.py`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct LabelledQuery {
+    pub query: String,
+    pub label: QueryClass,
+    /// Rows of one group (a template, an article) land on the same side of a held-out split.
+    #[serde(default)]
+    pub group: String,
+}
+
+/// Read a labelled-query file; a malformed line is an error naming its line number.
+pub fn read_labelled(path: &Path) -> Result<Vec<LabelledQuery>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| RouterError::Invalid(format!("reading {}: {e}", path.display())))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let row: LabelledQuery = serde_json::from_str(line)
+            .map_err(|e| RouterError::Invalid(format!("{}:{}: {e}", path.display(), i + 1)))?;
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        return Err(RouterError::Invalid(format!(
+            "{} has no rows",
+            path.display()
+        )));
+    }
+    Ok(rows)
+}
+
+/// Whether a group is held out: a stable hash of its name, one group in `1/every`.
+pub fn is_held_out(group: &str, every: u64) -> bool {
+    // FNV-1a: stable across runs and platforms, unlike the std hasher.
+    let hash = group.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    hash % every.max(1) == 0
+}
+
+/// Fraction of `rows` a classifier labels correctly.
+pub fn accuracy(
+    classifier: &dyn QueryClassifier,
+    rows: &[&LabelledQuery],
+    with: &mut ClassifyWith<'_>,
+) -> Result<f64> {
+    if rows.is_empty() {
+        return Err(RouterError::Invalid("no rows to evaluate".into()));
+    }
+    let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
+    let mut correct = 0;
+    for chunk in queries.chunks(32).zip(rows.chunks(32)) {
+        let labels = classifier.classify(chunk.0, with)?;
+        correct += labels
+            .iter()
+            .zip(chunk.1)
+            .filter(|(c, r)| c.label == r.label)
+            .count();
+    }
+    Ok(correct as f64 / rows.len() as f64)
+}

@@ -1,0 +1,100 @@
+//! The long-context prompt: the whole corpus first, the question last, rendered through the
+//! model's chat template and tokenized in two parts so the corpus part is the same token
+//! sequence for every question. That part is pinned (and persisted) in the long-context model's
+//! cache when the corpus is loaded; an escalation then prefills only the question.
+
+use std::collections::BTreeMap;
+
+use triage_models::chat_template::ChatMessage;
+use triage_models::model::Model;
+use triage_retrieval::Corpus;
+
+use crate::error::{Result, RouterError};
+
+const SYSTEM: &str = "You answer questions about the documents the user provides. Answer with \
+the answer only, in a few words, taken from the documents.";
+
+/// Stands for the question while the template renders; split out afterwards.
+const MARKER: &str = "\u{1}QUESTION\u{1}";
+
+/// The documents of `corpus` reassembled from their chunks (overlaps removed), in document-id
+/// order, each under a `[doc_id] title` line.
+pub fn corpus_text(corpus: &Corpus) -> String {
+    let mut docs: BTreeMap<&str, Vec<&triage_retrieval::Chunk>> = BTreeMap::new();
+    for chunk in corpus.chunks() {
+        docs.entry(chunk.doc_id.as_str()).or_default().push(chunk);
+    }
+    let mut out = String::new();
+    for (doc_id, mut chunks) in docs {
+        chunks.sort_by_key(|c| (c.start, c.end));
+        let title = chunks.first().map_or("", |c| c.title.as_str());
+        out.push_str(&format!("[{doc_id}] {title}\n"));
+        let mut end = 0;
+        for c in chunks {
+            if c.end <= end {
+                continue;
+            }
+            // Chunk boundaries are token boundaries of the document, so `end - start` falls on a
+            // character boundary of `c.text` (which is the document's `start..end`).
+            let skip = end.saturating_sub(c.start);
+            let piece = c.text.get(skip..).unwrap_or(&c.text);
+            if c.start > end && end > 0 {
+                out.push(' ');
+            }
+            out.push_str(piece);
+            end = c.end;
+        }
+        out.push_str("\n\n");
+    }
+    out
+}
+
+/// A corpus prepared for one long-context model.
+#[derive(Debug, Clone)]
+pub struct LongContextPrompt {
+    /// The shared part: template opening, instructions and the whole corpus.
+    pub prefix: Vec<u32>,
+    /// The rendered text after the question (closing the user turn, opening the answer).
+    suffix_after_question: String,
+    /// The rendered text between the corpus and the question.
+    before_question: String,
+}
+
+impl LongContextPrompt {
+    /// Render the long-context chat for `corpus_text` with `model`'s template.
+    pub fn new(model: &Model, corpus_text: &str) -> Result<Self> {
+        let user = format!("Documents:\n\n{corpus_text}Question: {MARKER}");
+        let rendered = model.chat_template.render(
+            &[
+                ChatMessage::new("system", SYSTEM),
+                ChatMessage::new("user", user),
+            ],
+            true,
+        )?;
+        let (head, tail) = rendered
+            .split_once(MARKER)
+            .ok_or_else(|| RouterError::Invalid("the chat template dropped the question".into()))?;
+        // The prefix ends where the corpus does; "Question: " travels with each question, so a
+        // tokenizer merge across the boundary can never change the cached tokens.
+        let cut = head.rfind("Question: ").unwrap_or(head.len());
+        let prefix = model.tokenizer.encode(&head[..cut], false, true)?;
+        Ok(Self {
+            prefix,
+            suffix_after_question: tail.to_string(),
+            before_question: head[cut..].to_string(),
+        })
+    }
+
+    /// The full prompt for `question`: the cached prefix, then the question's own tokens.
+    pub fn tokens(&self, model: &Model, question: &str) -> Result<Vec<u32>> {
+        let tail = format!(
+            "{}{}{}",
+            self.before_question,
+            question.trim(),
+            self.suffix_after_question
+        );
+        let mut ids = self.prefix.clone();
+        ids.extend(model.tokenizer.encode(&tail, false, true)?);
+        Ok(ids)
+    }
+}

@@ -1,0 +1,300 @@
+//! `RoutingConfig`: every stage's policy, the actions the router may take and what each costs.
+//! Read from the `[routing]` table of the engine's TOML; every field has a default.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use triage_engine::entropy_monitor::{EntropyEstimator, EntropyUnit, DEFAULT_WINDOW};
+
+use crate::answer_span::DEFAULT_PREAMBLES;
+use crate::error::{Result, RouterError};
+use crate::generator::ModelRole;
+
+/// How a query may be answered, cheapest kind first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutePath {
+    /// Closed book: the base model's own answer, no retrieval.
+    None,
+    /// Retrieved chunks (dense or dual-path) with the base model.
+    Rag,
+    /// Chunks from the dense + BM25 hybrid with the base model.
+    Hybrid,
+    /// The long-context model over the whole corpus.
+    Lc,
+}
+
+impl RoutePath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Rag => "rag",
+            Self::Hybrid => "hybrid",
+            Self::Lc => "lc",
+        }
+    }
+}
+
+/// What the caller asks for: let the router decide, or force one path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    #[default]
+    Auto,
+    None,
+    Rag,
+    Hybrid,
+    Lc,
+}
+
+impl std::str::FromStr for Route {
+    type Err = RouterError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::None),
+            "rag" => Ok(Self::Rag),
+            "hybrid" => Ok(Self::Hybrid),
+            "lc" => Ok(Self::Lc),
+            other => Err(RouterError::Invalid(format!(
+                "unknown route {other:?} (auto, none, rag, hybrid or lc)"
+            ))),
+        }
+    }
+}
+
+/// Which query classifier runs first.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassifierSetting {
+    #[default]
+    Off,
+    /// The router model, zero-shot.
+    ZeroShot,
+    /// A file written by `triage train classifier`.
+    Learned(PathBuf),
+}
+
+/// How the first retrieval searches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RagSearch {
+    #[default]
+    Dense,
+    /// Dense plus a pseudo-passage written by the base model.
+    Dual,
+}
+
+/// Who reorders the retrieved candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RerankSetting {
+    /// Dense order; the retrieval features are still computed (reranked order = dense order).
+    #[default]
+    None,
+    /// The base model's yes/no relevance judgements.
+    Llm,
+}
+
+/// Retrieval for the RAG paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrievalSettings {
+    pub search: RagSearch,
+    pub rerank: RerankSetting,
+    /// Chunks put in the prompt.
+    pub k: usize,
+    /// Candidates the reranker sees.
+    pub candidates: usize,
+    /// A file written by `triage train gain-policy`; without it the hybrid path is not taken
+    /// automatically.
+    pub gain_policy: Option<PathBuf>,
+}
+
+impl Default for RetrievalSettings {
+    fn default() -> Self {
+        Self {
+            search: RagSearch::Dense,
+            rerank: RerankSetting::None,
+            k: 4,
+            candidates: 10,
+            gain_policy: None,
+        }
+    }
+}
+
+/// The entropy monitor of the RAG answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonitorSettings {
+    /// τ: escalate when the mean over the answer span's first `window` tokens exceeds it.
+    pub tau: f32,
+    pub window: usize,
+    pub estimator: EntropyEstimator,
+    pub unit: EntropyUnit,
+    /// Openings skipped before the answer span starts.
+    pub preambles: Vec<String>,
+    /// Let the base model answer "unanswerable" when the context lacks the answer, and escalate
+    /// when it does.
+    pub self_route: bool,
+    /// Stop the RAG generation as soon as the monitor escalates.
+    pub stop_on_escalate: bool,
+}
+
+/// What a Self-Route answer says when the context is insufficient.
+pub const UNANSWERABLE: &str = "unanswerable";
+
+impl Default for MonitorSettings {
+    fn default() -> Self {
+        Self {
+            tau: 0.6,
+            window: DEFAULT_WINDOW,
+            estimator: EntropyEstimator::FullSoftmax,
+            unit: EntropyUnit::Nats,
+            preambles: DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect(),
+            self_route: true,
+            stop_on_escalate: true,
+        }
+    }
+}
+
+/// Price of a model's tokens, per million.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub prompt: f64,
+    /// Prompt tokens found in the prefix cache: not prefilled, but still read by attention at
+    /// every generated token.
+    pub cached_prompt: f64,
+    pub completion: f64,
+}
+
+impl Price {
+    pub fn cost(&self, prompt: usize, cached: usize, completion: usize) -> f64 {
+        let uncached = prompt.saturating_sub(cached);
+        (uncached as f64 * self.prompt
+            + cached as f64 * self.cached_prompt
+            + completion as f64 * self.completion)
+            / 1e6
+    }
+}
+
+/// Prices per role. The defaults are relative compute, not money: the long-context model
+/// (1.5B) costs three times the base model (0.5B) per token, a generated token three times a
+/// prefilled one, a cached token a quarter of a prefilled one.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Prices {
+    pub router: Price,
+    pub base: Price,
+    pub long_context: Price,
+}
+
+impl Default for Prices {
+    fn default() -> Self {
+        let base = Price {
+            prompt: 1.0,
+            cached_prompt: 0.25,
+            completion: 3.0,
+        };
+        Self {
+            router: Price {
+                prompt: 0.3,
+                cached_prompt: 0.075,
+                completion: 0.9,
+            },
+            base,
+            long_context: Price {
+                prompt: 3.0,
+                cached_prompt: 0.75,
+                completion: 9.0,
+            },
+        }
+    }
+}
+
+impl Prices {
+    pub fn of(&self, role: ModelRole) -> Price {
+        match role {
+            ModelRole::Router => self.router,
+            ModelRole::Base => self.base,
+            ModelRole::LongContext => self.long_context,
+        }
+    }
+}
+
+/// The routing pipeline's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    pub classifier: ClassifierSetting,
+    /// Decide-then-retrieve: answer closed book when the answer's mean NLL (nats) is below this;
+    /// absent = no gate.
+    pub gate_nll: Option<f32>,
+    pub retrieval: RetrievalSettings,
+    pub monitor: MonitorSettings,
+    /// Paths the router may take (forced routes ignore this).
+    pub actions: Vec<RoutePath>,
+    pub prices: Prices,
+    /// Generation caps per path.
+    pub gate_max_tokens: usize,
+    pub rag_max_tokens: usize,
+    pub lc_max_tokens: usize,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            classifier: ClassifierSetting::Off,
+            gate_nll: None,
+            retrieval: RetrievalSettings::default(),
+            monitor: MonitorSettings::default(),
+            actions: vec![
+                RoutePath::None,
+                RoutePath::Rag,
+                RoutePath::Hybrid,
+                RoutePath::Lc,
+            ],
+            prices: Prices::default(),
+            gate_max_tokens: 32,
+            rag_max_tokens: 64,
+            lc_max_tokens: 64,
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Refuse settings no query could run with.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(RouterError::Invalid(m.to_string()));
+        if !(self.monitor.tau.is_finite() && self.monitor.tau >= 0.0) {
+            return bad("routing.monitor.tau must be a finite number >= 0");
+        }
+        if self.monitor.window == 0 {
+            return bad("routing.monitor.window must be at least 1");
+        }
+        if self.retrieval.k == 0 {
+            return bad("routing.retrieval.k must be at least 1");
+        }
+        if self.gate_nll.is_some_and(|g| !(g.is_finite() && g >= 0.0)) {
+            return bad("routing.gate_nll must be a finite number >= 0");
+        }
+        if self.actions.is_empty() {
+            return bad("routing.actions must allow at least one path");
+        }
+        if self.gate_max_tokens == 0 || self.rag_max_tokens == 0 || self.lc_max_tokens == 0 {
+            return bad("the routing max_tokens settings must be at least 1");
+        }
+        if !matches!(
+            self.monitor.estimator,
+            EntropyEstimator::FullSoftmax | EntropyEstimator::SampledNll
+        ) {
+            return bad("routing.monitor.estimator must be full_softmax or sampled_nll");
+        }
+        Ok(())
+    }
+
+    pub fn allows(&self, path: RoutePath) -> bool {
+        self.actions.contains(&path)
+    }
+}

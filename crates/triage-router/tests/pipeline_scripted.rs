@@ -1,0 +1,686 @@
+//! The routing pipeline against scripted models: each path is taken when its signal says so
+//! (a confident closed-book answer, a sure RAG answer, an unsure one that escalates and is
+//! stopped early, a declined one, a global question, the gain policy's hybrid call, a long
+//! context estimated cheaper), forced routes are obeyed, and bad overrides are errors.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::GgmlDType;
+use triage_engine::generate::{FinishReason, GenerateRequest, Prompt, TokenOutput};
+use triage_engine::llm_engine::{PrefixSource, Usage};
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_retrieval::chunker::WordOffsets;
+use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder};
+use triage_router::classifier::{LearnedClassifier, QueryClass};
+use triage_router::gain_policy::{GainPolicy, GainPolicyModel, GainReport};
+use triage_router::linear::{RidgeModel, Standardizer};
+use triage_router::long_context::{corpus_text, LongContextPrompt};
+use triage_router::routing_config::ClassifierSetting;
+use triage_router::{
+    AnswerEvent, AskRequest, CorpusView, Generated, Generator, ModelRole, PinnedPrefix, Pipeline,
+    Route, RoutePath, RouterError, RoutingConfig,
+};
+
+const EMBEDDER: HashingEmbedder = HashingEmbedder { dim: 64 };
+
+/// Which kind of request reached a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Gate,
+    Rag,
+    Lc,
+    Other,
+}
+
+fn kind(request: &GenerateRequest) -> Call {
+    match &request.prompt {
+        Prompt::Tokens(_) => Call::Lc,
+        Prompt::Chat(m) if m.iter().any(|m| m.content.starts_with("Context:")) => Call::Rag,
+        Prompt::Chat(m)
+            if m.iter()
+                .any(|m| m.content.contains("answer only, in a few")) =>
+        {
+            Call::Gate
+        }
+        _ => Call::Other,
+    }
+}
+
+/// Answers each kind of request with a scripted text whose tokens carry scripted entropies
+/// (and logprob = −entropy/2), honouring cancellation.
+struct Scripted {
+    model: Arc<Model>,
+    gate: Vec<(&'static str, f32)>,
+    rag: Vec<(&'static str, f32)>,
+    lc: Vec<(&'static str, f32)>,
+    /// (kind, tokens produced, max_tokens) of every request.
+    calls: Vec<(Call, usize)>,
+    rag_prompts: Vec<String>,
+}
+
+impl Scripted {
+    fn new(model: Arc<Model>) -> Self {
+        Self {
+            model,
+            gate: vec![("Lyon", 2.0)],
+            rag: vec![
+                ("Paris", 0.1),
+                (" is", 0.1),
+                (" the", 0.1),
+                (" capital", 0.1),
+            ],
+            lc: vec![("Paris", 0.05)],
+            calls: Vec::new(),
+            rag_prompts: Vec::new(),
+        }
+    }
+
+    fn count(&self, call: Call) -> usize {
+        self.calls.iter().filter(|(c, _)| *c == call).count()
+    }
+}
+
+impl Generator for Scripted {
+    fn model(&self, _role: ModelRole) -> triage_router::Result<Arc<Model>> {
+        Ok(self.model.clone())
+    }
+
+    fn generate(
+        &mut self,
+        _role: ModelRole,
+        requests: &[GenerateRequest],
+        watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
+    ) -> triage_router::Result<Vec<Generated>> {
+        let mut out = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            let call = kind(request);
+            if call == Call::Rag {
+                if let Prompt::Chat(m) = &request.prompt {
+                    self.rag_prompts.push(m[1].content.clone());
+                }
+            }
+            let script = match call {
+                Call::Gate => &self.gate,
+                Call::Rag => &self.rag,
+                Call::Lc => &self.lc,
+                Call::Other => &self.gate,
+            };
+            let (mut text, mut tokens) = (String::new(), Vec::new());
+            let mut finish_reason = FinishReason::Stop;
+            for (piece, entropy) in script {
+                let token = TokenOutput {
+                    id: 0,
+                    text: piece.to_string(),
+                    logprob: -entropy / 2.0,
+                    entropy: *entropy,
+                    top_logprobs: vec![(0, -0.1), (1, -1.0)],
+                    scored_logprobs: Vec::new(),
+                };
+                text.push_str(piece);
+                let go_on = watch(i, &token, piece);
+                tokens.push(token);
+                if !go_on {
+                    finish_reason = FinishReason::Cancelled;
+                    break;
+                }
+            }
+            self.calls.push((call, tokens.len()));
+            let prompt_tokens = match &request.prompt {
+                Prompt::Tokens(t) => t.len(),
+                _ => 100,
+            };
+            out.push(Generated {
+                text,
+                usage: Usage {
+                    prompt_tokens,
+                    completion_tokens: tokens.len(),
+                    cached_tokens: if call == Call::Lc {
+                        prompt_tokens - 8
+                    } else {
+                        0
+                    },
+                },
+                tokens,
+                finish_reason,
+                elapsed: std::time::Duration::from_millis(1),
+            });
+        }
+        Ok(out)
+    }
+
+    fn pin_prefix(
+        &mut self,
+        _role: ModelRole,
+        tokens: &[u32],
+        _dir: Option<&Path>,
+    ) -> triage_router::Result<PinnedPrefix> {
+        Ok(PinnedPrefix {
+            num_tokens: tokens.len(),
+            source: PrefixSource::Computed,
+        })
+    }
+
+    fn unpin_prefix(&mut self, _role: ModelRole, _tokens: &[u32]) -> triage_router::Result<()> {
+        Ok(())
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    corpus: Corpus,
+    lc: LongContextPrompt,
+    model: Arc<Model>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::F32).unwrap();
+    let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
+    let texts = [
+        (
+            "france",
+            "Paris is the capital of France and its largest city.",
+        ),
+        (
+            "rivers",
+            "The Seine flows through Paris to the English Channel.",
+        ),
+        (
+            "bread",
+            "Yeast ferments the dough, which rises before baking.",
+        ),
+        ("forest", "Old trees shade the forest floor from the sun."),
+        ("desert", "Dunes move with the wind across the hot desert."),
+        ("ocean", "Tides follow the moon and waves cross the ocean."),
+    ];
+    let docs: Vec<Document> = texts
+        .iter()
+        .map(|(id, text)| Document {
+            id: id.to_string(),
+            title: id.to_string(),
+            text: text.to_string(),
+        })
+        .collect();
+    let store = CorpusStore::new(dir.path());
+    let chunker = ChunkerConfig {
+        max_tokens: 64,
+        overlap_tokens: 0,
+    };
+    store
+        .ingest("c", &docs, &[], &EMBEDDER, &WordOffsets, chunker)
+        .unwrap();
+    let corpus = store.open("c").unwrap();
+    let lc = LongContextPrompt::new(&model, &corpus_text(&corpus)).unwrap();
+    Fixture {
+        dir,
+        corpus,
+        lc,
+        model,
+    }
+}
+
+/// Prices under which RAG is cheaper than reading the (tiny) corpus whole.
+fn config() -> RoutingConfig {
+    let mut c = RoutingConfig::default();
+    c.prices.long_context.cached_prompt = 100.0;
+    c.retrieval.k = 2;
+    c.monitor.window = 3;
+    c.monitor.tau = 0.5;
+    c
+}
+
+struct Outcome {
+    answer: triage_router::Answer,
+    events: Vec<AnswerEvent>,
+}
+
+fn ask(
+    f: &Fixture,
+    generator: &mut Scripted,
+    config: RoutingConfig,
+    request: AskRequest,
+    lc_available: bool,
+) -> triage_router::Result<Outcome> {
+    let pipeline = Pipeline::new(config)?;
+    let view = CorpusView {
+        name: "c",
+        corpus: &f.corpus,
+        backend: None,
+        long_context: if lc_available {
+            Ok(&f.lc)
+        } else {
+            Err("the corpus is too long".into())
+        },
+    };
+    let mut events = Vec::new();
+    let answer = pipeline.ask(generator, &EMBEDDER, &view, &request, &mut |e| {
+        events.push(e)
+    })?;
+    Ok(Outcome { answer, events })
+}
+
+fn question(q: &str) -> AskRequest {
+    AskRequest {
+        corpus: "c".into(),
+        question: q.into(),
+        ..AskRequest::default()
+    }
+}
+
+fn streamed_text(events: &[AnswerEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AnswerEvent::Delta(t) => Some(t.as_str()),
+            AnswerEvent::Route(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_sure_rag_answer_is_kept_and_streamed_after_the_route() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.text, "Paris is the capital");
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(out.events[0], AnswerEvent::Route(RoutePath::Rag));
+    assert_eq!(streamed_text(&out.events), "Paris is the capital");
+    assert_eq!(g.count(Call::Lc), 0);
+    let monitor = out.answer.decision.monitor.as_ref().unwrap();
+    assert_eq!(monitor.decision, "accept");
+    assert_eq!(monitor.trace.len(), 4);
+    assert!((monitor.mean.unwrap() - 0.1).abs() < 1e-6);
+    let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
+    assert_eq!(retrieval.chunk_ids.len(), 2);
+    // Chunks are in the prompt in relevance order, the best first.
+    assert!(
+        g.rag_prompts[0].contains("[1] france"),
+        "{}",
+        g.rag_prompts[0]
+    );
+    assert!(out.answer.usage.total_tokens > 0);
+    assert!(out.answer.decision.cost > 0.0);
+}
+
+#[test]
+fn an_unsure_rag_answer_escalates_and_its_generation_stops_early() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![
+        ("Maybe", 3.0),
+        (" Lyon", 3.0),
+        (" or", 3.0),
+        (" Nice", 3.0),
+        (" or", 3.0),
+    ];
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(out.answer.text, "Paris");
+    // τ·m = 1.5 is exceeded at the first token: one token was generated, not five.
+    assert_eq!(g.calls.iter().find(|c| c.0 == Call::Rag).unwrap().1, 1);
+    let monitor = out.answer.decision.monitor.as_ref().unwrap();
+    assert_eq!(monitor.decision, "escalate");
+    assert_eq!(monitor.decided_at, Some(1));
+    assert_eq!(monitor.rag_answer, "Maybe");
+    // The replaced answer was never streamed.
+    assert_eq!(
+        out.events,
+        [
+            AnswerEvent::Route(RoutePath::Lc),
+            AnswerEvent::Delta("Paris".into())
+        ]
+    );
+    let lc = out
+        .answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage == "lc")
+        .unwrap();
+    assert!(lc.cached_prompt_tokens >= f.lc.prefix.len() - 8);
+    assert!(
+        out.answer.decision.reason.contains("escalated"),
+        "{}",
+        out.answer.decision.reason
+    );
+}
+
+#[test]
+fn a_per_request_tau_overrides_the_config() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Maybe", 3.0), (" Lyon", 3.0)];
+    let mut request = question("What is the capital of France?");
+    request.tau = Some(5.0);
+    let out = ask(&f, &mut g, config(), request, true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(out.answer.decision.monitor.unwrap().tau.tau, 5.0);
+}
+
+#[test]
+fn a_declined_answer_escalates_even_when_sure() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("Who wrote the tide tables?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert!(
+        out.answer
+            .decision
+            .monitor
+            .as_ref()
+            .unwrap()
+            .signals
+            .declined
+    );
+    assert!(g.rag_prompts[0].contains("reply exactly: unanswerable"));
+    assert!(out.answer.decision.reason.contains("insufficient"));
+}
+
+#[test]
+fn a_confident_closed_book_answer_skips_retrieval() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.gate = vec![("Paris", 0.1)];
+    let mut c = config();
+    c.gate_nll = Some(0.3);
+    let out = ask(
+        &f,
+        &mut g,
+        c.clone(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::None);
+    assert_eq!(out.answer.text, "Paris");
+    assert!(out.answer.decision.retrieval.is_none());
+    assert_eq!(g.count(Call::Rag), 0);
+    let gate = out.answer.decision.gate.as_ref().unwrap();
+    assert!((gate.mean_nll.unwrap() - 0.05).abs() < 1e-6);
+    // An unsure closed-book answer goes on to retrieval.
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert!(!out.answer.decision.gate.as_ref().unwrap().answered);
+}
+
+#[test]
+fn forced_routes_are_obeyed() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Maybe", 3.0), (" Lyon", 3.0)];
+    let mut request = question("What is the capital of France?");
+    request.route = Route::Rag;
+    let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert!(out.answer.decision.forced);
+    assert_eq!(out.answer.text, "Maybe Lyon");
+    assert_eq!(g.count(Call::Lc), 0);
+    request.route = Route::Lc;
+    let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(g.count(Call::Rag), 1);
+    request.route = Route::None;
+    let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
+    assert_eq!(
+        (out.answer.decision.path, out.answer.text.as_str()),
+        (RoutePath::None, "Lyon")
+    );
+    request.route = Route::Hybrid;
+    let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Hybrid);
+    assert_eq!(out.answer.decision.retrieval.unwrap().search, "hybrid");
+    // Forcing lc where the corpus does not fit is an error naming why.
+    request.route = Route::Lc;
+    let err = ask(&f, &mut g, config(), request, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("too long"), "{err}");
+}
+
+#[test]
+fn without_a_long_context_path_an_unsure_answer_is_kept_with_the_reason() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Maybe", 3.0), (" Lyon", 3.0)];
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("What is the capital of France?"),
+        false,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(out.answer.text, "Maybe Lyon");
+    assert!(out.answer.decision.reason.contains("unavailable"));
+    assert_eq!(streamed_text(&out.events), "Maybe Lyon");
+}
+
+#[test]
+fn a_global_question_goes_straight_to_long_context() {
+    let f = fixture();
+    let queries = [
+        "Summarize the documents.",
+        "Summarize all the documents.",
+        "What are the main themes of the documents?",
+        "Give an overview of the documents.",
+        "What is the capital of France?",
+        "Where does the Seine flow?",
+        "What makes the dough rise?",
+        "What moves the dunes?",
+    ];
+    let labels = [
+        QueryClass::Global,
+        QueryClass::Global,
+        QueryClass::Global,
+        QueryClass::Global,
+        QueryClass::Point,
+        QueryClass::Point,
+        QueryClass::Point,
+        QueryClass::Point,
+    ];
+    let classifier = LearnedClassifier::fit(&EMBEDDER, &queries, &labels).unwrap();
+    let path = f.dir.path().join("classifier.json");
+    classifier.save(&path).unwrap();
+    let mut c = config();
+    c.classifier = ClassifierSetting::Learned(path);
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c.clone(),
+        question("Summarize the documents."),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    let record = out.answer.decision.classifier.as_ref().unwrap();
+    assert_eq!(
+        (record.classifier, record.label),
+        ("learned", QueryClass::Global)
+    );
+    assert_eq!(g.count(Call::Rag), 0);
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+}
+
+fn always_hybrid_policy(dir: &Path) -> std::path::PathBuf {
+    let model = GainPolicyModel {
+        ridge: RidgeModel {
+            standardizer: Standardizer {
+                medians: vec![0.0; 6],
+                means: vec![0.0; 6],
+                stds: vec![1.0; 6],
+            },
+            weights: vec![0.0; 6],
+            bias: 0.1,
+        },
+        tau_h: 0.05,
+        cost_per_hybrid: 0.02,
+        report: GainReport {
+            num_examples: 0,
+            num_groups: 0,
+            hit_dense_always: 0.0,
+            hit_hybrid_always: 0.0,
+            hit_policy: 0.0,
+            hybrid_rate: 0.0,
+            objective_policy: 0.0,
+            objective_hybrid_always: 0.0,
+        },
+    };
+    let path = dir.join("gain.json");
+    GainPolicy { model }.save(&path).unwrap();
+    path
+}
+
+#[test]
+fn the_gain_policy_sends_a_query_to_the_hybrid_search() {
+    let f = fixture();
+    let mut c = config();
+    c.retrieval.gain_policy = Some(always_hybrid_policy(f.dir.path()));
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c.clone(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Hybrid);
+    let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
+    assert_eq!(retrieval.search, "hybrid");
+    let decision = retrieval.gain_policy.unwrap();
+    assert!(decision.run_hybrid && (decision.predicted_delta - 0.1).abs() < 1e-9);
+    assert!(retrieval.features.is_some());
+    // With hybrid not among the allowed actions the policy cannot send it there.
+    c.actions = vec![RoutePath::Rag, RoutePath::Lc];
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+}
+
+#[test]
+fn a_long_context_estimated_cheaper_than_rag_is_taken_directly() {
+    let f = fixture();
+    let mut c = config();
+    c.prices.long_context.cached_prompt = 0.0;
+    c.prices.long_context.prompt = 0.0;
+    c.prices.long_context.completion = 0.0;
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert!(out.answer.decision.reason.contains("estimated"));
+    let costs = &out.answer.decision.estimated_costs;
+    assert!(costs["lc"] < costs["rag"]);
+    assert_eq!(g.count(Call::Rag), 0);
+}
+
+#[test]
+fn bad_requests_and_configs_are_errors() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    let mut request = question("What is the capital of France?");
+    request.tau = Some(f32::NAN);
+    assert!(matches!(
+        ask(&f, &mut g, config(), request, true),
+        Err(RouterError::Invalid(_))
+    ));
+    let empty = question("   ");
+    assert!(ask(&f, &mut g, config(), empty, true).is_err());
+    let mut c = config();
+    c.monitor.window = 0;
+    assert!(Pipeline::new(c).is_err());
+    let mut c = config();
+    c.retrieval.gain_policy = Some(f.dir.path().join("missing.json"));
+    assert!(Pipeline::new(c).is_err());
+    assert!("sideways".parse::<Route>().is_err());
+}
+
+#[test]
+fn the_long_context_prompt_shares_its_prefix_across_questions() {
+    let f = fixture();
+    let a =
+        f.lc.tokens(&f.model, "What is the capital of France?")
+            .unwrap();
+    let b = f.lc.tokens(&f.model, "Where does the Seine flow?").unwrap();
+    assert_eq!(&a[..f.lc.prefix.len()], &f.lc.prefix[..]);
+    assert_eq!(&b[..f.lc.prefix.len()], &f.lc.prefix[..]);
+    let text = corpus_text(&f.corpus);
+    assert!(text.starts_with("[bread] bread\n"), "{text}");
+    assert!(text.contains("Paris is the capital of France"));
+    // Rendering the whole chat at once gives the same tokens (the split is invisible).
+    let whole = triage_engine::generate::tokenize_prompt(
+        &f.model,
+        &Prompt::Chat(vec![
+            triage_models::chat_template::ChatMessage::new(
+                "system",
+                "You answer questions about the documents the user provides. Answer with the \
+                 answer only, in a few words, taken from the documents.",
+            ),
+            triage_models::chat_template::ChatMessage::new(
+                "user",
+                format!("Documents:\n\n{text}Question: Where does the Seine flow?"),
+            ),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(whole, b);
+}

@@ -1,0 +1,343 @@
+//! `triage::Engine`, the library API: models by role, corpora and routing settings from one TOML
+//! file; `ask` runs the routing pipeline in this thread.
+//!
+//! ```no_run
+//! use triage::{AskRequest, Engine, TriageConfig};
+//!
+//! let mut engine = Engine::new(TriageConfig::default())?; // the default models, fetched
+//! engine.load_corpus("docs")?; // made by `triage ingest --corpus docs FILES`
+//! let answer = engine.ask(&AskRequest {
+//!     corpus: "docs".into(),
+//!     question: "When was the bridge opened?".into(),
+//!     ..AskRequest::default()
+//! })?;
+//! println!("{} (path: {:?})", answer.text, answer.decision.path);
+//! # Ok::<(), triage::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use triage_engine::llm_engine::{EngineConfig, KvBudget};
+use triage_engine::EngineSet;
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_retrieval::{BertEmbedder, Corpus, CorpusStore, Embedder};
+use triage_router::long_context::{corpus_text, LongContextPrompt};
+use triage_router::{
+    Answer, AnswerEvent, AskRequest, CorpusView, Generator, ModelRole, PinnedPrefix, Pipeline,
+    RoleEngines, RoutingConfig,
+};
+
+/// Errors of the library API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("config: {0}")]
+    Config(String),
+    #[error("loading: {0}")]
+    Load(String),
+    #[error("no corpus {0:?} is loaded")]
+    UnknownCorpus(String),
+    #[error(transparent)]
+    Router(#[from] triage_router::RouterError),
+    #[error(transparent)]
+    Engine(#[from] triage_engine::EngineError),
+    #[error(transparent)]
+    Retrieval(#[from] triage_retrieval::RetrievalError),
+}
+
+impl Error {
+    /// Whether the caller's input is at fault (a 400 on the server) rather than the engine.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            Self::UnknownCorpus(_)
+                | Self::Router(triage_router::RouterError::Invalid(_))
+                | Self::Engine(triage_engine::EngineError::Invalid(_))
+                | Self::Engine(triage_engine::EngineError::InvalidSampling { .. })
+        )
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn load_error(e: impl std::fmt::Display) -> Error {
+    Error::Load(e.to_string())
+}
+
+/// The models, by the role each plays. Roles naming the same model share one engine.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelsConfig {
+    pub router: String,
+    pub base: String,
+    pub long_context: String,
+    pub embedder: String,
+    /// KV-cache budget of each model (`"1GiB"`, `"4096blocks"`, `"0.3"`).
+    pub kv_budget: String,
+}
+
+impl Default for ModelsConfig {
+    fn default() -> Self {
+        Self {
+            router: "smollm2-135m".into(),
+            base: crate::retrieve::DEFAULT_BASE_MODEL.into(),
+            long_context: "qwen2.5-coder-1.5b".into(),
+            embedder: crate::retrieve::DEFAULT_EMBEDDER.into(),
+            kv_budget: "1GiB".into(),
+        }
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TriageConfig {
+    /// Corpora (made by `triage ingest`) loaded at start.
+    pub corpora: Vec<String>,
+    pub models: ModelsConfig,
+    pub routing: RoutingConfig,
+    /// Where pinned corpus prefixes are persisted; default `$TRIAGE_HOME/prefixes`.
+    pub prefix_dir: Option<PathBuf>,
+}
+
+impl TriageConfig {
+    pub fn from_toml_str(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+        Self::from_toml_str(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+}
+
+/// A loaded corpus and its long-context form.
+struct LoadedCorpus {
+    corpus: Corpus,
+    long_context: std::result::Result<LongContextPrompt, String>,
+}
+
+/// What loading a corpus did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CorpusInfo {
+    pub name: String,
+    pub num_documents: usize,
+    pub num_chunks: usize,
+    /// Tokens of the corpus prefix in the long-context model, when it fits.
+    pub prefix_tokens: Option<usize>,
+    /// Tokens pinned in the cache and where their KV came from (`cache`, `disk`, `computed`).
+    pub pinned_tokens: Option<usize>,
+    pub pinned_from: Option<String>,
+    /// Why the long-context path is unavailable for it.
+    pub long_context_unavailable: Option<String>,
+}
+
+/// Tokens kept free after a corpus prefix for the question and the answer.
+const QUESTION_HEADROOM: usize = 256;
+
+/// Models, corpora and the routing pipeline in one process.
+pub struct Engine {
+    models: RoleEngines,
+    embedder: BertEmbedder,
+    pipeline: Pipeline,
+    corpora: BTreeMap<String, LoadedCorpus>,
+    prefix_dir: PathBuf,
+    store: CorpusStore,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("corpora", &self.corpora.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+fn load_model(name_or_path: &str) -> Result<Arc<Model>> {
+    let (name, path) = crate::resolve::resolve_model(name_or_path).map_err(load_error)?;
+    let model = Model::load(&name, &path, &LoadOptions::default())
+        .map_err(|e| Error::Load(format!("{}: {e}", path.display())))?;
+    Ok(Arc::new(model))
+}
+
+impl Engine {
+    /// Load the models and the corpora the config names.
+    pub fn new(config: TriageConfig) -> Result<Self> {
+        let pipeline = Pipeline::new(config.routing.clone())?;
+        let kv_budget: KvBudget = config.models.kv_budget.parse()?;
+        let engine_config = EngineConfig {
+            kv_budget,
+            ..EngineConfig::default()
+        };
+        let mut set = EngineSet::new();
+        let roles = [
+            (ModelRole::Base, &config.models.base),
+            (ModelRole::LongContext, &config.models.long_context),
+            (ModelRole::Router, &config.models.router),
+        ];
+        let needs_router = matches!(
+            config.routing.classifier,
+            triage_router::routing_config::ClassifierSetting::ZeroShot
+        );
+        let mut assigned = Vec::new();
+        for (role, name) in roles {
+            if role == ModelRole::Router && !needs_router {
+                continue;
+            }
+            if set.get(name).is_none() {
+                set.add(name, load_model(name)?, engine_config)?;
+            }
+            assigned.push((role, name.clone()));
+        }
+        let mut models = RoleEngines::new(set);
+        for (role, name) in assigned {
+            models.assign(role, &name)?;
+        }
+        let embedder =
+            crate::retrieve::load_embedder(&config.models.embedder).map_err(load_error)?;
+        let home = triage_models::paths::triage_home();
+        let mut engine = Self {
+            models,
+            embedder,
+            pipeline,
+            corpora: BTreeMap::new(),
+            prefix_dir: config.prefix_dir.unwrap_or_else(|| home.join("prefixes")),
+            store: CorpusStore::new(&home),
+        };
+        for name in &config.corpora {
+            engine.load_corpus(name)?;
+        }
+        Ok(engine)
+    }
+
+    /// Use a corpus store other than `$TRIAGE_HOME/corpora` (tests, tools).
+    pub fn with_store(mut self, data_dir: &Path) -> Self {
+        self.store = CorpusStore::new(data_dir);
+        self
+    }
+
+    /// Open the corpus `name` and pin its prefix in the long-context model (from the cache, from
+    /// the persisted file, or prefilled now and saved). A corpus too long for the model loads
+    /// without the long-context path.
+    pub fn load_corpus(&mut self, name: &str) -> Result<CorpusInfo> {
+        let corpus = self.store.open(name)?;
+        self.add_corpus(corpus)
+    }
+
+    /// Make an already opened corpus answerable.
+    pub fn add_corpus(&mut self, corpus: Corpus) -> Result<CorpusInfo> {
+        if corpus.embedder_id() != self.embedder.id() {
+            return Err(Error::Config(format!(
+                "corpus {:?} was embedded with {}, the engine's embedder is {}",
+                corpus.name,
+                corpus.embedder_id(),
+                self.embedder.id()
+            )));
+        }
+        if let Some(old) = self.corpora.remove(&corpus.name) {
+            if let Ok(lc) = &old.long_context {
+                self.models
+                    .unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
+            }
+        }
+        let (long_context, pinned) = self.prepare_long_context(&corpus)?;
+        let info = CorpusInfo {
+            name: corpus.name.clone(),
+            num_documents: corpus.num_documents(),
+            num_chunks: corpus.chunks().len(),
+            prefix_tokens: long_context.as_ref().ok().map(|lc| lc.prefix.len()),
+            pinned_tokens: pinned.map(|p| p.num_tokens),
+            pinned_from: pinned.map(|p| format!("{:?}", p.source).to_lowercase()),
+            long_context_unavailable: long_context.as_ref().err().cloned(),
+        };
+        self.corpora.insert(
+            corpus.name.clone(),
+            LoadedCorpus {
+                corpus,
+                long_context,
+            },
+        );
+        Ok(info)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn prepare_long_context(
+        &mut self,
+        corpus: &Corpus,
+    ) -> Result<(
+        std::result::Result<LongContextPrompt, String>,
+        Option<PinnedPrefix>,
+    )> {
+        if !self.pipeline.config.allows(triage_router::RoutePath::Lc) {
+            return Ok((Err("the lc path is not allowed".into()), None));
+        }
+        let model = self.models.model(ModelRole::LongContext)?;
+        let lc = LongContextPrompt::new(&model, &corpus_text(corpus))?;
+        let limit = model.context_length();
+        let needed = lc.prefix.len() + QUESTION_HEADROOM + self.pipeline.config.lc_max_tokens;
+        if needed > limit {
+            let why = format!(
+                "the corpus is {} tokens; with the question and answer it needs {needed}, the \
+                 long-context model holds {limit}",
+                lc.prefix.len()
+            );
+            return Ok((Err(why), None));
+        }
+        std::fs::create_dir_all(&self.prefix_dir)
+            .map_err(|e| Error::Config(format!("creating {}: {e}", self.prefix_dir.display())))?;
+        match self
+            .models
+            .pin_prefix(ModelRole::LongContext, &lc.prefix, Some(&self.prefix_dir))
+        {
+            Ok(pinned) => Ok((Ok(lc), Some(pinned))),
+            // A pool too small for the prefix leaves the corpus answerable by RAG only.
+            Err(e) => Ok((Err(format!("pinning the corpus prefix failed: {e}")), None)),
+        }
+    }
+
+    /// Names of the loaded corpora.
+    pub fn corpora(&self) -> impl Iterator<Item = &str> {
+        self.corpora.keys().map(String::as_str)
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Answer one question.
+    pub fn ask(&mut self, request: &AskRequest) -> Result<Answer> {
+        self.ask_stream(request, |_| {})
+    }
+
+    /// Answer one question, passing the answer's path and text to `on_event` as they are decided
+    /// and generated.
+    pub fn ask_stream(
+        &mut self,
+        request: &AskRequest,
+        mut on_event: impl FnMut(AnswerEvent),
+    ) -> Result<Answer> {
+        let loaded = self
+            .corpora
+            .get(&request.corpus)
+            .ok_or_else(|| Error::UnknownCorpus(request.corpus.clone()))?;
+        let view = CorpusView {
+            name: &loaded.corpus.name,
+            corpus: &loaded.corpus,
+            backend: None,
+            long_context: loaded.long_context.as_ref().map_err(Clone::clone),
+        };
+        Ok(self.pipeline.ask(
+            &mut self.models,
+            &self.embedder,
+            &view,
+            request,
+            &mut on_event,
+        )?)
+    }
+}

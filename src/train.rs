@@ -1,0 +1,222 @@
+//! `triage train classifier` and `triage train gain-policy`: fit the routing policies on labelled
+//! data, report their held-out quality, and freeze them to files the `[routing]` config names.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_retrieval::metrics::{hit_at, unique_documents};
+use triage_retrieval::{Embedder, Hit, SearchMode, SearchOptions};
+use triage_router::classifier::{
+    accuracy, is_held_out, read_labelled, ClassifyWith, LabelledQuery, LearnedClassifier,
+    QueryClass, ZeroShotClassifier,
+};
+use triage_router::gain_policy::{
+    is_test_group, GainExample, GainPolicy, GainReport, HYBRID_CALL_COST,
+};
+use triage_router::Retriever;
+
+/// Where fitted policies go by default.
+pub fn policy_dir() -> PathBuf {
+    triage_models::paths::triage_home().join("policies")
+}
+
+/// What `train classifier` measured.
+#[derive(Debug, Serialize)]
+pub struct ClassifierReport {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub train_rows: usize,
+    pub held_out_rows: usize,
+    pub held_out_groups: usize,
+    pub learned_accuracy: f64,
+    /// Accuracy of the router model zero-shot on the same held-out rows.
+    pub zero_shot_accuracy: Option<f64>,
+    pub zero_shot_model: Option<String>,
+}
+
+/// Fit the learned classifier on the training groups of `data`, save it, and measure it and the
+/// zero-shot classifier on the held-out groups (one group in five).
+pub fn train_classifier(
+    data: &Path,
+    out: Option<&Path>,
+    embedder_name: &str,
+    zero_shot_model: Option<&str>,
+) -> Result<ClassifierReport> {
+    let rows = read_labelled(data)?;
+    let (held, train): (Vec<&LabelledQuery>, Vec<&LabelledQuery>) =
+        rows.iter().partition(|r| is_held_out(&r.group, 5));
+    anyhow::ensure!(
+        !train.is_empty() && !held.is_empty(),
+        "{} needs rows in both the training and the held-out groups",
+        data.display()
+    );
+    let embedder = crate::retrieve::load_embedder(embedder_name)?;
+    let queries: Vec<&str> = train.iter().map(|r| r.query.as_str()).collect();
+    let labels: Vec<QueryClass> = train.iter().map(|r| r.label).collect();
+    let started = Instant::now();
+    let learned = LearnedClassifier::fit(&embedder, &queries, &labels)?;
+    eprintln!(
+        "fitted on {} rows in {:.1} s",
+        train.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let path = out.map_or_else(|| policy_dir().join("classifier.json"), Path::to_path_buf);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let sha256 = learned.save(&path)?;
+    let zero_shot = match zero_shot_model {
+        Some(name) => Some(engine(name)?),
+        None => None,
+    };
+    // The learned classifier needs no generator; a tiny stand-in would do, but the zero-shot
+    // engine (when asked for) serves both.
+    let mut zero_shot_engine = zero_shot;
+    let (learned_accuracy, zero_shot_accuracy) = match zero_shot_engine.as_mut() {
+        Some(engine) => {
+            let mut with = ClassifyWith {
+                embedder: &embedder,
+                generator: engine,
+            };
+            let l = accuracy(&learned, &held, &mut with)?;
+            let z = accuracy(&ZeroShotClassifier, &held, &mut with)?;
+            (l, Some(z))
+        }
+        None => (learned_only_accuracy(&learned, &held, &embedder)?, None),
+    };
+    let groups: std::collections::BTreeSet<&str> = held.iter().map(|r| r.group.as_str()).collect();
+    Ok(ClassifierReport {
+        path,
+        sha256,
+        train_rows: train.len(),
+        held_out_rows: held.len(),
+        held_out_groups: groups.len(),
+        learned_accuracy,
+        zero_shot_accuracy,
+        zero_shot_model: zero_shot_model.map(str::to_string),
+    })
+}
+
+fn learned_only_accuracy(
+    learned: &LearnedClassifier,
+    rows: &[&LabelledQuery],
+    embedder: &dyn Embedder,
+) -> Result<f64> {
+    let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
+    let vectors = embedder.embed(&queries)?;
+    let mut correct = 0;
+    for (v, r) in vectors.iter().zip(rows) {
+        let p = learned.model.logistic.predict(v)?;
+        let label = if p >= learned.model.threshold {
+            QueryClass::Global
+        } else {
+            QueryClass::Point
+        };
+        correct += usize::from(label == r.label);
+    }
+    Ok(correct as f64 / rows.len() as f64)
+}
+
+fn engine(name: &str) -> Result<LlmEngine> {
+    let (name, path) = crate::resolve::resolve_model(name)?;
+    let model = triage_models::model::Model::load(&name, &path, &Default::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let config = EngineConfig {
+        kv_budget: KvBudget::Blocks(2048),
+        ..EngineConfig::default()
+    };
+    Ok(LlmEngine::new(std::sync::Arc::new(model), config)?)
+}
+
+/// What `train gain-policy` measured.
+#[derive(Debug, Serialize)]
+pub struct GainPolicyReport {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub dataset: String,
+    pub questions: usize,
+    /// Questions whose document is in the held-out tenth (left for the evaluation).
+    pub held_out_questions: usize,
+    pub tau_h: f64,
+    pub cross_validation: GainReport,
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn documents_of(hits: &[Hit]) -> Vec<String> {
+    unique_documents(hits.iter().map(|h| h.chunk.doc_id.as_str()))
+        .into_iter()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Fit the gain policy on a data set's dev questions: for each, the six features (reranked
+/// order = dense order), and whether dense and hybrid each find a gold document in their top 10.
+pub fn train_gain_policy(
+    dataset: &str,
+    questions: usize,
+    out: Option<&Path>,
+) -> Result<GainPolicyReport> {
+    let data = crate::bench_retrieval::load_dataset(dataset, questions)?;
+    let embedder = crate::retrieve::load_embedder(crate::retrieve::DEFAULT_EMBEDDER)?;
+    let (corpus, _) = crate::bench_retrieval::dataset_corpus(&data, questions, &embedder)?;
+    let mut examples = Vec::new();
+    let mut held_out = 0;
+    let started = Instant::now();
+    for ex in &data.examples {
+        let group = ex.gold_docs.first().cloned().unwrap_or_default();
+        if is_test_group(&group) {
+            held_out += 1;
+            continue;
+        }
+        let mut retriever = Retriever {
+            corpus: &corpus,
+            embedder: &embedder,
+            generator: None,
+            backend: None,
+        };
+        let features = retriever.dense_features(&ex.question)?;
+        let vector = embedder.embed(&[ex.question.as_str()])?.remove(0);
+        let search = |mode| {
+            let options = SearchOptions {
+                mode,
+                k: 10,
+                ..SearchOptions::default()
+            };
+            corpus.search(&ex.question, Some(&vector), &options)
+        };
+        let dense = documents_of(&search(SearchMode::Dense)?);
+        let hybrid = documents_of(&search(SearchMode::Hybrid)?);
+        examples.push(GainExample {
+            features: features.to_array(),
+            hit_dense: hit_at(&as_strs(&dense), &ex.gold_docs, 10) > 0.0,
+            hit_hybrid: hit_at(&as_strs(&hybrid), &ex.gold_docs, 10) > 0.0,
+            group,
+        });
+    }
+    eprintln!(
+        "{} dev questions searched in {:.1} s",
+        examples.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let policy = GainPolicy::fit(&examples, HYBRID_CALL_COST)?;
+    let path = out.map_or_else(|| policy_dir().join("gain-policy.json"), Path::to_path_buf);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let sha256 = policy.save(&path)?;
+    Ok(GainPolicyReport {
+        path,
+        sha256,
+        dataset: dataset.to_string(),
+        questions: data.examples.len(),
+        held_out_questions: held_out,
+        tau_h: policy.model.tau_h,
+        cross_validation: policy.model.report.clone(),
+    })
+}
