@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use triage_retrieval::{ChunkerConfig, CorpusStore};
+use triage_router::combined_score::{self, CombinedScore};
 use triage_router::linear::{auroc, LogisticModel};
 
 use crate::engine::{Engine, TriageConfig};
@@ -25,6 +26,10 @@ pub struct RouteBenchConfig {
     pub base: String,
     pub long_context: String,
     pub tau: Option<f32>,
+    /// Fit the combined score on every question and freeze it here.
+    pub save_combined: Option<std::path::PathBuf>,
+    /// Write one JSON line per question (answers, scores, decision records) here.
+    pub rows: Option<std::path::PathBuf>,
 }
 
 /// One path's totals.
@@ -61,12 +66,17 @@ pub struct RouteBench {
     pub paths: Vec<PathScores>,
     /// Fraction of forced-RAG answers that do not contain the gold answer.
     pub rag_error_rate: f64,
+    /// Auto runs whose RAG answer declined (Self-Route), and how often the forced RAG answer
+    /// to those questions was indeed wrong.
+    pub decline_rate: f64,
+    pub decline_precision: Option<f64>,
     pub signals: Vec<SignalAuroc>,
 }
 
 /// One question's three answers.
 struct Row {
     article: usize,
+    question: String,
     golds: Vec<String>,
     rag: Answer,
     lc: Answer,
@@ -96,37 +106,26 @@ fn scores(path: &str, answers: &[(&Answer, &[String])]) -> PathScores {
     }
 }
 
-/// The RAG answer's signals and retrieval features, in a fixed order, with their names.
+/// The RAG answer's signals and retrieval features, in the combined score's input order.
 fn signal_row(answer: &Answer) -> Option<Vec<f32>> {
     let monitor = answer.decision.monitor.as_ref()?;
-    let s = &monitor.signals;
-    let mut row = vec![
-        s.mean_entropy,
-        s.span_mean_entropy,
-        s.max_entropy,
-        s.mean_nll,
-        -s.mean_top2_margin,
-        f32::from(u8::from(s.declined)),
-        monitor.mean.unwrap_or(f32::NAN),
-    ];
-    let features = answer
-        .decision
-        .retrieval
-        .as_ref()
-        .and_then(|r| r.features)
-        .map_or([f32::NAN; 6], |f| f.to_array());
-    row.extend(features);
-    Some(row)
+    let features = answer.decision.retrieval.as_ref().and_then(|r| r.features);
+    Some(combined_score::inputs(
+        &monitor.signals,
+        monitor.mean,
+        features.as_ref(),
+    ))
 }
 
-const SIGNALS: [&str; 7] = [
-    "mean entropy (first 30 tokens)",
-    "answer-span mean entropy",
-    "max entropy",
-    "mean NLL",
-    "negative top-2 margin",
-    "self-route declined",
-    "monitor statistic",
+/// Names of the first signals of `combined_score::inputs`. "self-route declined" is left out
+/// here: forced RAG runs without the decline prompt, so it is measured on the auto runs below.
+const SIGNALS: [(usize, &str); 6] = [
+    (0, "mean entropy (first 30 tokens)"),
+    (1, "answer-span mean entropy"),
+    (2, "max entropy"),
+    (3, "mean NLL"),
+    (4, "negative top-2 margin"),
+    (6, "monitor statistic (answer-span mean, first 30)"),
 ];
 
 fn signal_aurocs(rows: &[Row]) -> Result<Vec<SignalAuroc>> {
@@ -137,8 +136,7 @@ fn signal_aurocs(rows: &[Row]) -> Result<Vec<SignalAuroc>> {
     let labels: Vec<bool> = data.iter().map(|d| d.2).collect();
     let mut out: Vec<SignalAuroc> = SIGNALS
         .iter()
-        .enumerate()
-        .map(|(j, name)| {
+        .map(|&(j, name)| {
             let scores: Vec<f64> = data
                 .iter()
                 .map(|d| {
@@ -182,6 +180,19 @@ fn signal_aurocs(rows: &[Row]) -> Result<Vec<SignalAuroc>> {
     out.push(SignalAuroc {
         signal: "combined (logistic, 5-fold by article)".into(),
         auroc: auroc(&s, &l),
+    });
+    // The Self-Route decline, from the auto runs (whose RAG prompt allows it), against the
+    // forced RAG answer being wrong.
+    let (declined, wrong): (Vec<f64>, Vec<bool>) = rows
+        .iter()
+        .filter_map(|r| {
+            let m = r.auto.decision.monitor.as_ref()?;
+            Some((f64::from(u8::from(m.signals.declined)), !correct(&r.rag, &r.golds)))
+        })
+        .unzip();
+    out.push(SignalAuroc {
+        signal: "self-route declined (auto runs)".into(),
+        auroc: auroc(&declined, &wrong),
     });
     Ok(out)
 }
@@ -233,6 +244,7 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
             let auto = ask(&mut engine, &ex.question, Route::Auto, config.tau)?;
             rows.push(Row {
                 article: a,
+                question: ex.question.clone(),
                 golds: ex.answers.clone(),
                 rag,
                 lc,
@@ -261,6 +273,45 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
     let pairs = |f: fn(&Row) -> &Answer| -> Vec<(&Answer, &[String])> {
         rows.iter().map(|r| (f(r), r.golds.as_slice())).collect()
     };
+    if let Some(path) = &config.save_combined {
+        let (x, y): (Vec<Vec<f32>>, Vec<bool>) = rows
+            .iter()
+            .filter_map(|r| signal_row(&r.rag).map(|s| (s, !correct(&r.rag, &r.golds))))
+            .unzip();
+        let model_id = crate::resolve::resolve_model(&config.base)?.0;
+        let hash = CombinedScore::fit(&model_id, &x, &y, 0.5)?.save(path)?;
+        eprintln!("combined score saved to {} (sha256 {hash})", path.display());
+    }
+    if let Some(path) = &config.rows {
+        let mut out = String::new();
+        for r in &rows {
+            let one = |a: &Answer| {
+                serde_json::json!({"text": a.text, "contains": correct(a, &r.golds),
+                    "f1": f1(&a.text, &r.golds), "decision": a.decision, "usage": a.usage,
+                    "timings": a.timings})
+            };
+            let line = serde_json::json!({"article": r.article, "question": r.question,
+                "golds": r.golds, "rag": one(&r.rag), "lc": one(&r.lc), "auto": one(&r.auto)});
+            out.push_str(&line.to_string());
+            out.push('\n');
+        }
+        std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let declined = rows
+        .iter()
+        .filter(|r| {
+            r.auto
+                .decision
+                .monitor
+                .as_ref()
+                .is_some_and(|m| m.signals.declined)
+        })
+        .collect::<Vec<_>>();
+    let decline_rate = declined.len() as f64 / rows.len().max(1) as f64;
+    let decline_precision = (!declined.is_empty()).then(|| {
+        declined.iter().filter(|r| !correct(&r.rag, &r.golds)).count() as f64
+            / declined.len() as f64
+    });
     let rag_error_rate = rows.iter().filter(|r| !correct(&r.rag, &r.golds)).count() as f64
         / rows.len().max(1) as f64;
     Ok(RouteBench {
@@ -274,6 +325,8 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
             scores("auto", &pairs(|r| &r.auto)),
         ],
         rag_error_rate,
+        decline_rate,
+        decline_precision,
         signals: signal_aurocs(&rows)?,
     })
 }
@@ -301,8 +354,11 @@ pub fn markdown(b: &RouteBench) -> String {
         ));
     }
     s.push_str(&format!(
-        "\nRAG answers wrong (gold not contained): {:.3}\n\n| signal | AUROC for a wrong RAG answer |\n|---|---|\n",
-        b.rag_error_rate
+        "\nRAG answers wrong (gold not contained): {:.3}; auto runs whose RAG answer declined: \
+         {:.3}, of which a fraction {} had a wrong forced-RAG answer\n\n| signal | AUROC for a wrong RAG answer |\n|---|---|\n",
+        b.rag_error_rate,
+        b.decline_rate,
+        b.decline_precision.map_or("n/a".into(), |p| format!("{p:.3}"))
     ));
     for sig in &b.signals {
         s.push_str(&format!(

@@ -253,6 +253,13 @@ enum BenchCommand {
         long_context: String,
         #[arg(long)]
         tau: Option<f32>,
+        /// Fit the combined escalation score on these questions and freeze it to FILE (for
+        /// `[routing.monitor] combined_score`).
+        #[arg(long)]
+        save_combined: Option<std::path::PathBuf>,
+        /// Write one JSON line per question (the three answers with their decision records).
+        #[arg(long)]
+        rows: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -588,6 +595,8 @@ fn bench(command: BenchCommand) -> Result<()> {
             base,
             long_context,
             tau,
+            save_combined,
+            rows,
             json,
         } => {
             if questions == 0 || paragraphs == 0 || per_article == 0 {
@@ -600,6 +609,8 @@ fn bench(command: BenchCommand) -> Result<()> {
                 base,
                 long_context,
                 tau,
+                save_combined,
+                rows,
             };
             let r = triage::bench_route::run(&config)?;
             if json {

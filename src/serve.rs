@@ -1,5 +1,5 @@
-//! `triage serve`: load the configured models, start one engine thread each, and serve the
-//! OpenAI-compatible API until Ctrl-C or SIGTERM.
+//! `triage serve`: load the configured models, start one engine thread each, set up the routing
+//! pipeline over them, and serve the OpenAI-compatible API until Ctrl-C or SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
+use triage_server::routing::RoutingService;
 use triage_server::{AppState, EngineWorker, ModelEntry, ServerConfig};
 
 use crate::resolve;
@@ -71,10 +72,52 @@ pub fn start_workers(config: &ServerConfig) -> Result<Vec<EngineWorker>> {
     Ok(workers)
 }
 
+/// The routing pipeline over `workers`, when enabled and a model plays the base role; its
+/// start-up corpora are loaded (prefixes pinned) before the server binds.
+pub fn routing_service(
+    config: &ServerConfig,
+    workers: &[Arc<EngineWorker>],
+) -> Result<Option<Arc<RoutingService>>> {
+    let section = &config.pipeline;
+    if !section.enabled || !workers.iter().any(|w| w.role == "base") {
+        return Ok(None);
+    }
+    let embedder = match crate::retrieve::load_embedder(&section.embedder) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "routing pipeline off: no embedder");
+            return Ok(None);
+        }
+    };
+    let home = triage_models::paths::triage_home();
+    let prefix_dir = section
+        .prefix_dir
+        .clone()
+        .unwrap_or_else(|| home.join("prefixes"));
+    let service = RoutingService::new(
+        &section.alias,
+        config.routing.clone(),
+        workers,
+        embedder,
+        &home,
+        prefix_dir,
+    )?;
+    for name in &section.corpora {
+        let summary = service
+            .load_corpus(name)
+            .with_context(|| format!("loading corpus {name:?}"))?;
+        tracing::info!(corpus = %name, prefix_tokens = ?summary.prefix_tokens, pinned = ?summary.pinned_from, "corpus ready");
+    }
+    tracing::info!(alias = %section.alias, "routing pipeline ready");
+    Ok(Some(Arc::new(service)))
+}
+
 /// Run the server until a shutdown signal.
 pub fn serve(overrides: ServeOverrides) -> Result<()> {
     let config = server_config(overrides)?;
-    let workers = start_workers(&config)?;
+    let workers: Vec<Arc<EngineWorker>> =
+        start_workers(&config)?.into_iter().map(Arc::new).collect();
+    let routing = routing_service(&config, &workers)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -86,7 +129,7 @@ pub fn serve(overrides: ServeOverrides) -> Result<()> {
             .with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr().context("reading the bound address")?;
         tracing::info!(addr = %bound, auth = config.api_key.is_some(), "serving the OpenAI API");
-        let state = AppState::new(config, workers);
+        let state = AppState::with_routing(config, workers, routing);
         triage_server::serve(state, listener, triage_server::shutdown_signal()).await?;
         Ok(())
     })

@@ -67,6 +67,9 @@ pub struct MonitorRecord {
     /// `accept` or `escalate`.
     pub decision: &'static str,
     pub signals: AnswerSignals,
+    /// P(wrong) from the combined score, when it decided (instead of τ).
+    pub combined_p_wrong: Option<f64>,
+    pub combined_threshold: Option<f64>,
     /// The RAG answer that was replaced, when it escalated.
     pub rag_answer: String,
 }

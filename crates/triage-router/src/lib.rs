@@ -6,6 +6,7 @@
 
 pub mod answer_span;
 pub mod classifier;
+pub mod combined_score;
 pub mod decision;
 pub mod error;
 pub mod gain_policy;

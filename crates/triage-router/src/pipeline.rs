@@ -17,6 +17,7 @@ use crate::answer_span::{AnswerSignals, AnswerSpanFilter, SpanMonitor};
 use crate::classifier::{
     ClassifyWith, LearnedClassifier, QueryClass, QueryClassifier, ZeroShotClassifier,
 };
+use crate::combined_score::{self, CombinedScore};
 use crate::decision::{
     ClassifierRecord, DecisionRecord, GateRecord, MonitorRecord, RetrievalRecord, TauRecord,
 };
@@ -93,6 +94,8 @@ pub struct Pipeline {
     pub config: RoutingConfig,
     classifier: Option<Box<dyn QueryClassifier + Send + Sync>>,
     gain_policy: Option<GainPolicy>,
+    /// With a combined score, it (not the entropy mean) decides escalation.
+    combined: Option<CombinedScore>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -165,6 +168,13 @@ fn rag_user(question: &str, hits: &[Hit], self_route: bool) -> String {
     )
 }
 
+/// Where the decisions before generation point.
+enum Plan {
+    Lc(String),
+    ClosedBook { answer: String, reason: String },
+    Rag { hybrid: bool },
+}
+
 /// What the RAG stage produced.
 struct RagOutcome {
     generated: Generated,
@@ -186,10 +196,15 @@ impl Pipeline {
             Some(path) => Some(GainPolicy::load(path)?),
             None => None,
         };
+        let combined = match &config.monitor.combined_score {
+            Some(path) => Some(CombinedScore::load(path)?),
+            None => None,
+        };
         Ok(Self {
             config,
             classifier,
             gain_policy,
+            combined,
         })
     }
 
@@ -203,17 +218,7 @@ impl Pipeline {
         events: &mut dyn FnMut(AnswerEvent),
     ) -> Result<Answer> {
         let start = Instant::now();
-        if request.question.trim().is_empty() {
-            return Err(RouterError::Invalid("the question is empty".into()));
-        }
-        if request.tau.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
-            return Err(RouterError::Invalid(
-                "tau must be a finite number >= 0".into(),
-            ));
-        }
-        if request.max_tokens == Some(0) {
-            return Err(RouterError::Invalid("max_tokens must be at least 1".into()));
-        }
+        validate(request)?;
         let mut run = Run {
             pipeline: self,
             generator,
@@ -235,6 +240,63 @@ impl Pipeline {
     }
 }
 
+impl Pipeline {
+    /// Decide the first path for a question without answering it (`POST /v1/route`): the
+    /// classifier, the cost estimates, the gate (its closed-book answer is generated but not
+    /// returned) and the gain policy run; the RAG answer's monitor cannot, so a `rag` or `hybrid`
+    /// plan may still escalate when the question is asked.
+    pub fn plan(
+        &self,
+        generator: &mut dyn Generator,
+        embedder: &dyn Embedder,
+        corpus: &CorpusView<'_>,
+        request: &AskRequest,
+    ) -> Result<DecisionRecord> {
+        validate(request)?;
+        let mut ignore = |_: AnswerEvent| {};
+        let mut run = Run {
+            pipeline: self,
+            generator,
+            embedder,
+            corpus,
+            request,
+            events: &mut ignore,
+            record: DecisionRecord::new(request.route != Route::Auto),
+        };
+        run.record.estimated_costs = run.estimate_costs()?;
+        let forced = match request.route {
+            Route::Auto => None,
+            Route::None => Some(RoutePath::None),
+            Route::Rag => Some(RoutePath::Rag),
+            Route::Hybrid => Some(RoutePath::Hybrid),
+            Route::Lc => Some(RoutePath::Lc),
+        };
+        match forced {
+            Some(path) => {
+                run.record.path = path;
+                run.record.reason = format!("route forced to {}", path.as_str());
+            }
+            None => run.plan_only()?,
+        }
+        Ok(run.record)
+    }
+}
+
+fn validate(request: &AskRequest) -> Result<()> {
+    if request.question.trim().is_empty() {
+        return Err(RouterError::Invalid("the question is empty".into()));
+    }
+    if request.tau.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+        return Err(RouterError::Invalid(
+            "tau must be a finite number >= 0".into(),
+        ));
+    }
+    if request.max_tokens == Some(0) {
+        return Err(RouterError::Invalid("max_tokens must be at least 1".into()));
+    }
+    Ok(())
+}
+
 fn finish(text: String, decision: DecisionRecord, start: Instant) -> Answer {
     let by_model = decision.usage_by_model();
     let sum = |f: fn(&crate::decision::StageRecord) -> usize| -> usize {
@@ -247,7 +309,7 @@ fn finish(text: String, decision: DecisionRecord, start: Instant) -> Answer {
         *by_stage.entry(s.stage).or_insert(0.0) += s.ms;
     }
     Answer {
-        text: text.trim().to_string(),
+        text,
         usage: AnswerUsage {
             prompt_tokens,
             cached_prompt_tokens: sum(|s| s.cached_prompt_tokens),
@@ -342,42 +404,83 @@ impl Run<'_, '_> {
         self.config().allows(RoutePath::Lc) && self.corpus.long_context.is_ok()
     }
 
-    fn auto(&mut self) -> Result<String> {
+    /// The decisions made before any answer is generated: classifier, cost estimates, the gate
+    /// (which generates its closed-book answer) and the gain policy.
+    fn plan_steps(&mut self) -> Result<Plan> {
         if self.pipeline.classifier.is_some() {
             let label = self.classify()?;
             if label == QueryClass::Global && self.lc_available() {
-                return self.long_context("classified as a global question");
+                return Ok(Plan::Lc("classified as a global question".into()));
             }
         }
         let costs = &self.record.estimated_costs;
         let (lc, rag) = (costs.get("lc"), costs.get("rag").or(costs.get("hybrid")));
         if let (Some(lc), Some(rag)) = (lc, rag) {
             if lc <= rag && self.lc_available() {
-                let reason =
-                    format!("long context is estimated no dearer than RAG ({lc:.2e} vs {rag:.2e})");
-                return self.long_context(&reason);
+                return Ok(Plan::Lc(format!(
+                    "long context is estimated no dearer than RAG ({lc:.2e} vs {rag:.2e})"
+                )));
             }
         }
         if let Some(threshold) = self.config().gate_nll {
             if self.config().allows(RoutePath::None) {
                 let (answer, nll) = self.gate(threshold)?;
-                if nll.is_some_and(|n| n < threshold) {
-                    self.record.reason = format!(
-                        "closed-book answer is confident (mean NLL {:.3} < {threshold})",
-                        nll.unwrap_or_default()
+                if let Some(nll) = nll.filter(|n| *n < threshold) {
+                    let reason = format!(
+                        "closed-book answer is confident (mean NLL {nll:.3} < {threshold})"
                     );
-                    self.announce(RoutePath::None);
-                    (self.events)(AnswerEvent::Delta(answer.clone()));
-                    return Ok(answer);
+                    return Ok(Plan::ClosedBook { answer, reason });
                 }
             }
         }
         let rag_allowed =
             self.config().allows(RoutePath::Rag) || self.config().allows(RoutePath::Hybrid);
         if !rag_allowed {
-            return self.long_context("no RAG path is allowed");
+            return Ok(Plan::Lc("no RAG path is allowed".into()));
         }
-        let hybrid = self.choose_hybrid()?;
+        Ok(Plan::Rag {
+            hybrid: self.choose_hybrid()?,
+        })
+    }
+
+    /// Decide the first answering path without answering.
+    fn plan_only(&mut self) -> Result<()> {
+        match self.plan_steps()? {
+            Plan::Lc(reason) => {
+                self.record.path = RoutePath::Lc;
+                self.record.reason = reason;
+            }
+            Plan::ClosedBook { reason, .. } => {
+                self.record.path = RoutePath::None;
+                self.record.reason = reason;
+            }
+            Plan::Rag { hybrid } => {
+                self.record.path = if hybrid {
+                    RoutePath::Hybrid
+                } else {
+                    RoutePath::Rag
+                };
+                self.record.reason = if self.lc_available() {
+                    "retrieval first; the entropy monitor may still escalate to lc".into()
+                } else {
+                    "retrieval; no escalation path for this corpus".into()
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn auto(&mut self) -> Result<String> {
+        let hybrid = match self.plan_steps()? {
+            Plan::Lc(reason) => return self.long_context(&reason),
+            Plan::ClosedBook { answer, reason } => {
+                self.record.reason = reason;
+                self.announce(RoutePath::None);
+                (self.events)(AnswerEvent::Delta(answer.clone()));
+                return Ok(answer);
+            }
+            Plan::Rag { hybrid } => hybrid,
+        };
         let can_escalate = self.lc_available();
         let outcome = self.rag(hybrid, can_escalate)?;
         let path = if hybrid {
@@ -396,8 +499,22 @@ impl Run<'_, '_> {
             );
             return Ok(outcome.generated.text);
         }
+        let p_wrong = self
+            .record
+            .monitor
+            .as_ref()
+            .and_then(|m| m.combined_p_wrong.zip(m.combined_threshold));
+        let no_content = self
+            .record
+            .monitor
+            .as_ref()
+            .is_some_and(|m| !m.in_answer_span.contains(&true));
         let why = if outcome.declined {
             "the base model said the context is insufficient".to_string()
+        } else if no_content {
+            "the RAG answer has no answer content".to_string()
+        } else if let Some((p, threshold)) = p_wrong {
+            format!("the combined score puts P(wrong) at {p:.3} ≥ {threshold}")
         } else {
             format!(
                 "the RAG answer's mean entropy exceeded τ = {} by step {}",
@@ -602,7 +719,23 @@ impl Run<'_, '_> {
         let settings = self.config().monitor.clone();
         let base = self.generator.model(ModelRole::Base)?;
         let tau = self.tau();
-        let monitor = EntropyMonitor::new(tau, settings.window, settings.estimator, settings.unit)?;
+        let combined = self.pipeline.combined.as_ref();
+        if let Some(c) = combined {
+            if c.model.model_id != base.name {
+                return Err(RouterError::Invalid(format!(
+                    "the combined score was fitted on {:?}, the base model is {:?}",
+                    c.model.model_id, base.name
+                )));
+            }
+        }
+        // With the combined score the monitor only records: the decision needs the whole answer.
+        let monitor_tau = if combined.is_some() { f32::MAX } else { tau };
+        let monitor = EntropyMonitor::new(
+            monitor_tau,
+            settings.window,
+            settings.estimator,
+            settings.unit,
+        )?;
         let mut span = SpanMonitor::new(AnswerSpanFilter::new(&settings.preambles), monitor);
         let self_route = settings.self_route && can_escalate;
         let request = greedy(
@@ -644,7 +777,7 @@ impl Run<'_, '_> {
                 held.push_str(text);
                 match decision {
                     Decision::Escalate { .. } => !settings.stop_on_escalate,
-                    Decision::Accept if !(self_route && declines(&held)) => {
+                    Decision::Accept if combined.is_none() && !(self_route && declines(&held)) => {
                         released = true;
                         streamed += held.len();
                         events(AnswerEvent::Route(path));
@@ -658,8 +791,36 @@ impl Run<'_, '_> {
         if let Some(e) = failure {
             return Err(e);
         }
-        let decision = span.finish();
+        let mut decision = span.finish();
         let declined = self_route && declines(&generated.text);
+        let signals = AnswerSignals::from_tokens(
+            &generated.tokens,
+            &settings.preambles,
+            settings.window,
+            declined,
+        );
+        let features = self.record.retrieval.as_ref().and_then(|r| r.features);
+        let p_wrong = match combined {
+            Some(c) => {
+                let row = combined_score::inputs(&signals, span.span_mean(), features.as_ref());
+                let p = c.p_wrong(&row)?;
+                if p >= c.model.threshold {
+                    decision = Decision::Escalate {
+                        at_step: generated.tokens.len(),
+                    };
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        // An answer without a single content token (empty, or only punctuation) answered
+        // nothing, however calm its tokens were.
+        let no_content = !span.trace.iter().any(|&(_, in_span)| in_span);
+        if no_content && decision == Decision::Accept {
+            decision = Decision::Escalate {
+                at_step: generated.tokens.len(),
+            };
+        }
         let accepted = decision == Decision::Accept && !declined;
         if accepted || !can_escalate {
             if !released {
@@ -693,12 +854,9 @@ impl Run<'_, '_> {
             mean: span.span_mean(),
             decided_at: span.decided_at,
             decision: if accepted { "accept" } else { "escalate" },
-            signals: AnswerSignals::from_tokens(
-                &generated.tokens,
-                &settings.preambles,
-                settings.window,
-                declined,
-            ),
+            signals,
+            combined_p_wrong: p_wrong,
+            combined_threshold: combined.map(|c| c.model.threshold),
             rag_answer: generated.text.trim().to_string(),
         });
         Ok(RagOutcome {

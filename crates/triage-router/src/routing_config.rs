@@ -139,6 +139,10 @@ pub struct MonitorSettings {
     pub self_route: bool,
     /// Stop the RAG generation as soon as the monitor escalates.
     pub stop_on_escalate: bool,
+    /// A combined score (`triage bench route --save-combined FILE`): when set, P(wrong) from the
+    /// answer's signals and the retrieval features decides escalation instead of τ, once the
+    /// answer is complete.
+    pub combined_score: Option<PathBuf>,
 }
 
 /// What a Self-Route answer says when the context is insufficient.
@@ -154,6 +158,7 @@ impl Default for MonitorSettings {
             preambles: DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect(),
             self_route: true,
             stop_on_escalate: true,
+            combined_score: None,
         }
     }
 }

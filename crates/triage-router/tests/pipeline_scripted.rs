@@ -684,3 +684,114 @@ fn the_long_context_prompt_shares_its_prefix_across_questions() {
     .unwrap();
     assert_eq!(whole, b);
 }
+
+fn combined_file(dir: &Path, bias: f64) -> std::path::PathBuf {
+    use triage_router::combined_score::{CombinedScore, CombinedScoreModel, INPUTS};
+    use triage_router::linear::LogisticModel;
+    let n = INPUTS.len();
+    let model = CombinedScoreModel {
+        model_id: "tiny".into(),
+        inputs: INPUTS.iter().map(|s| s.to_string()).collect(),
+        logistic: LogisticModel {
+            standardizer: Standardizer {
+                medians: vec![0.0; n],
+                means: vec![0.0; n],
+                stds: vec![1.0; n],
+            },
+            weights: vec![0.0; n],
+            bias,
+        },
+        threshold: 0.5,
+    };
+    let path = dir.join(format!("combined{bias}.json"));
+    CombinedScore { model }.save(&path).unwrap();
+    path
+}
+
+#[test]
+fn the_combined_score_decides_instead_of_tau_when_configured() {
+    let f = fixture();
+    // Sure of being wrong: a calm answer escalates once complete, not early.
+    let mut c = config();
+    c.monitor.combined_score = Some(combined_file(f.dir.path(), 5.0));
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    let monitor = out.answer.decision.monitor.as_ref().unwrap();
+    assert!(monitor.combined_p_wrong.unwrap() > 0.99);
+    assert_eq!(g.calls.iter().find(|c| c.0 == Call::Rag).unwrap().1, 4);
+    assert!(out.answer.decision.reason.contains("combined score"));
+    // Sure of being right: an unsure-looking answer is kept.
+    let mut c = config();
+    c.monitor.combined_score = Some(combined_file(f.dir.path(), -5.0));
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Maybe", 3.0), (" Lyon", 3.0)];
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(out.answer.text, "Maybe Lyon");
+    // A score fitted on another model is refused.
+    let mut c = config();
+    let path = combined_file(f.dir.path(), 1.0);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"tiny\""));
+    c.monitor.combined_score = Some(path);
+    let mut other = Scripted::new(f.model.clone());
+    other.model = Arc::new(
+        Model::load(
+            "other",
+            &f.dir.path().join("tiny.gguf"),
+            &LoadOptions::default(),
+        )
+        .unwrap(),
+    );
+    assert!(ask(
+        &f,
+        &mut other,
+        c,
+        question("What is the capital of France?"),
+        true
+    )
+    .is_err());
+}
+
+#[test]
+fn plan_decides_the_first_path_without_answering() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    let pipeline = Pipeline::new(config()).unwrap();
+    let view = CorpusView {
+        name: "c",
+        corpus: &f.corpus,
+        backend: None,
+        long_context: Ok(&f.lc),
+    };
+    let record = pipeline
+        .plan(
+            &mut g,
+            &EMBEDDER,
+            &view,
+            &question("What is the capital of France?"),
+        )
+        .unwrap();
+    assert_eq!(record.path, RoutePath::Rag);
+    assert!(record.reason.contains("may still escalate"));
+    assert!(g.calls.is_empty(), "{:?}", g.calls);
+    let mut forced = question("What is the capital of France?");
+    forced.route = Route::Lc;
+    let record = pipeline.plan(&mut g, &EMBEDDER, &view, &forced).unwrap();
+    assert_eq!((record.path, record.forced), (RoutePath::Lc, true));
+}

@@ -23,6 +23,8 @@ use crate::config::ServerConfig;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
 use crate::metrics::{Metrics, RequestLabels};
 use crate::responses::{Endpoint, ResponseMeta};
+use crate::routed;
+use crate::routing::RoutingService;
 use crate::wire::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::worker::EngineWorker;
 
@@ -30,6 +32,8 @@ use crate::worker::EngineWorker;
 #[derive(Debug)]
 pub struct AppState {
     pub workers: Vec<Arc<EngineWorker>>,
+    /// The routing pipeline, answering chat completions addressed to its alias.
+    pub routing: Option<Arc<RoutingService>>,
     pub metrics: Arc<Metrics>,
     pub config: ServerConfig,
     started: u64,
@@ -38,8 +42,18 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(config: ServerConfig, workers: Vec<EngineWorker>) -> Arc<Self> {
+        Self::with_routing(config, workers.into_iter().map(Arc::new).collect(), None)
+    }
+
+    /// State whose workers may be shared with the routing pipeline.
+    pub fn with_routing(
+        config: ServerConfig,
+        workers: Vec<Arc<EngineWorker>>,
+        routing: Option<Arc<RoutingService>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            workers: workers.into_iter().map(Arc::new).collect(),
+            workers,
+            routing,
             metrics: Arc::new(Metrics::default()),
             config,
             started: unix_now(),
@@ -76,6 +90,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(list_models))
+        .route("/v1/route", post(route))
+        .route("/v1/corpora", post(create_corpus).get(routed::list_corpora))
+        .route(
+            "/v1/corpora/{name}/documents",
+            post(add_documents)
+                .get(routed::list_documents)
+                .delete(delete_documents),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -193,12 +215,48 @@ async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request: ChatCompletionRequest = parse_body(body)?;
+    if let Some(routing) = &state.routing {
+        if request.common.model == routing.alias {
+            let id = state.response_id("chatcmpl");
+            return routed::chat(state.clone(), request, id, unix_now()).await;
+        }
+    }
     state.worker(&request.common.model)?;
     let endpoint = Endpoint::Chat {
         logprobs: request.logprobs,
     };
     let generate = request.to_generate()?;
     run(&state, &request.common, endpoint, "chatcmpl", generate).await
+}
+
+async fn route(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    routed::route(state, parse_body(body)?).await
+}
+
+async fn create_corpus(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    routed::create_corpus(state, parse_body(body)?).await
+}
+
+async fn add_documents(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    routed::add_documents(state, name, parse_body(body)?).await
+}
+
+async fn delete_documents(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    routed::delete_documents(state, name, parse_body(body)?).await
 }
 
 async fn completions(

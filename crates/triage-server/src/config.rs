@@ -105,6 +105,41 @@ pub struct ServerConfig {
     pub shutdown_timeout_s: u64,
     #[serde(default = "default_models")]
     pub models: Vec<ModelEntry>,
+    /// The routing pipeline as a model (`[pipeline]`).
+    #[serde(default)]
+    pub pipeline: PipelineSection,
+    /// Its stages' settings (`[routing]`, the same table as `triage::Engine`'s config).
+    #[serde(default)]
+    pub routing: triage_router::RoutingConfig,
+}
+
+/// How the server offers the routing pipeline.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineSection {
+    /// Offer it (it also needs a model with role `base`).
+    pub enabled: bool,
+    /// The `model` name that selects it in chat completions.
+    pub alias: String,
+    /// The sentence embedder of its corpora (a default model's name or a folder).
+    pub embedder: String,
+    /// Corpora loaded (and their long-context prefixes pinned) at start; others load on first
+    /// use.
+    pub corpora: Vec<String>,
+    /// Where pinned corpus prefixes are persisted; default `$TRIAGE_HOME/prefixes`.
+    pub prefix_dir: Option<std::path::PathBuf>,
+}
+
+impl Default for PipelineSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            alias: "triage".into(),
+            embedder: "minilm-l6".into(),
+            corpora: Vec::new(),
+            prefix_dir: None,
+        }
+    }
 }
 
 fn default_host() -> String {
@@ -141,6 +176,8 @@ impl Default for ServerConfig {
             max_pending_requests: default_max_pending_requests(),
             shutdown_timeout_s: default_shutdown_timeout_s(),
             models: default_models(),
+            pipeline: PipelineSection::default(),
+            routing: triage_router::RoutingConfig::default(),
         }
     }
 }
@@ -181,6 +218,17 @@ impl ServerConfig {
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err(ServerError::Config("api_key must not be empty".into()));
+        }
+        if self.pipeline.enabled {
+            if self.models.iter().any(|m| m.name == self.pipeline.alias) {
+                return Err(ServerError::Config(format!(
+                    "the pipeline alias {:?} is also a model name",
+                    self.pipeline.alias
+                )));
+            }
+            self.routing
+                .validate()
+                .map_err(|e| ServerError::Config(format!("[routing]: {e}")))?;
         }
         Ok(())
     }

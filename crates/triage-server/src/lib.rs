@@ -9,6 +9,8 @@ pub mod error;
 pub mod generation;
 pub mod metrics;
 pub mod responses;
+pub mod routed;
+pub mod routing;
 pub mod wire;
 pub mod worker;
 

@@ -98,6 +98,10 @@ pub struct ChatCompletionRequest {
     pub logprobs: bool,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// triage's extension for the routing pipeline (`{"corpus", "route", "tau"}`), read when
+    /// `model` is the pipeline's alias.
+    #[serde(default)]
+    pub triage: Option<serde_json::Value>,
 }
 
 /// `prompt` of the legacy endpoint: text, or token ids; a list must hold exactly one prompt.
@@ -172,7 +176,39 @@ impl CommonParams {
     }
 }
 
+impl ChatMessageIn {
+    /// The message's text (content parts joined); other part types are a 400 naming message `i`.
+    pub fn text(&self, i: usize) -> Result<String, ApiError> {
+        Ok(match &self.content {
+            None => String::new(),
+            Some(MessageContent::Text(t)) => t.clone(),
+            Some(MessageContent::Parts(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::invalid_param(
+                                &format!("messages[{i}].content"),
+                                format!("content parts of type {kind:?} are not supported"),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        })
+    }
+}
+
 impl ChatCompletionRequest {
+    /// The answer length asked for (`max_completion_tokens`, else `max_tokens`).
+    pub fn max_tokens(&self) -> Option<usize> {
+        self.max_completion_tokens
+            .or(self.common.max_tokens)
+            .map(|n| n as usize)
+    }
+
     /// The engine request, or a 400 naming what is wrong.
     pub fn to_generate(&self) -> Result<GenerateRequest, ApiError> {
         if self.messages.is_empty() {
@@ -192,25 +228,7 @@ impl ChatCompletionRequest {
                     format!("unknown role {:?}", m.role),
                 ));
             }
-            let content = match &m.content {
-                None => String::new(),
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid_param(
-                                    &format!("messages[{i}].content"),
-                                    format!("content parts of type {kind:?} are not supported"),
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
+            let content = m.text(i)?;
             // OpenAI's "developer" role is the newer name of "system".
             let role = if m.role == "developer" {
                 "system"

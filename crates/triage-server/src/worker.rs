@@ -2,15 +2,17 @@
 //! are in flight. Handlers talk to it through a command channel; tokens come back through each
 //! request's async channel. The engine stays synchronous and knows nothing of tokio.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc as async_mpsc, oneshot};
+use triage_core::PrefixHandle;
 use triage_engine::generate::GenerateRequest;
 use triage_engine::llm_engine::RequestId;
-use triage_engine::llm_engine::{EngineConfig, EventSink, LlmEngine, StreamEvent};
+use triage_engine::llm_engine::{EngineConfig, EventSink, LlmEngine, PrefixSource, StreamEvent};
 use triage_engine::EngineError;
 use triage_models::model::Model;
 
@@ -36,8 +38,19 @@ enum Command {
         sink: AsyncSink,
         reply: oneshot::Sender<std::result::Result<RequestId, EngineError>>,
     },
+    /// Keep a prefix resident (persisted under `dir` when given) until `Unpin`.
+    Pin {
+        tokens: Vec<u32>,
+        dir: Option<PathBuf>,
+        reply: mpsc::Sender<std::result::Result<(usize, PrefixSource), EngineError>>,
+    },
+    Unpin {
+        tokens: Vec<u32>,
+    },
     /// Stop once idle; with `cancel`, cancel whatever is still running first.
-    Shutdown { cancel: bool },
+    Shutdown {
+        cancel: bool,
+    },
 }
 
 /// Counters the worker publishes after every step, read by `/metrics` and the queue limit.
@@ -116,6 +129,53 @@ impl EngineWorker {
         Ok(rx)
     }
 
+    fn send(&self, command: Command) -> std::result::Result<(), EngineError> {
+        let stopped = || EngineError::Invalid("the engine has stopped".into());
+        self.commands
+            .lock()
+            .map_err(|_| stopped())?
+            .send(command)
+            .map_err(|_| stopped())
+    }
+
+    /// [`EngineWorker::submit`] from a thread outside the async runtime (the routing pipeline
+    /// runs on tokio's blocking pool).
+    pub fn submit_blocking(
+        &self,
+        request: GenerateRequest,
+    ) -> std::result::Result<async_mpsc::UnboundedReceiver<StreamEvent>, EngineError> {
+        let (tx, rx) = async_mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Add {
+            request: Box::new(request),
+            sink: AsyncSink(tx),
+            reply,
+        })?;
+        answer
+            .blocking_recv()
+            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))??;
+        Ok(rx)
+    }
+
+    /// Pin `tokens` in this model's cache (blocking until prefilled or loaded); returns the
+    /// tokens pinned (whole blocks) and where their KV came from.
+    pub fn pin_blocking(
+        &self,
+        tokens: Vec<u32>,
+        dir: Option<PathBuf>,
+    ) -> std::result::Result<(usize, PrefixSource), EngineError> {
+        let (reply, answer) = mpsc::channel();
+        self.send(Command::Pin { tokens, dir, reply })?;
+        answer
+            .recv()
+            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?
+    }
+
+    /// Release a prefix pinned with [`EngineWorker::pin_blocking`].
+    pub fn unpin(&self, tokens: Vec<u32>) -> std::result::Result<(), EngineError> {
+        self.send(Command::Unpin { tokens })
+    }
+
     /// Stop the thread once its requests are done (or cancelled, with `cancel`), blocking until
     /// it has.
     pub fn shutdown(&self, cancel: bool) {
@@ -145,6 +205,7 @@ fn publish(engine: &LlmEngine, stats: &EngineStats) {
 /// The engine thread: take commands (blocking only when idle), step, publish counters.
 fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) {
     let mut stopping = false;
+    let mut pins: Vec<(Vec<u32>, PrefixHandle)> = Vec::new();
     loop {
         loop {
             let next = if engine.has_unfinished() || stopping {
@@ -170,6 +231,23 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                 } => {
                     let added = engine.add_request_with_sink(&request, Box::new(sink));
                     let _ = reply.send(added);
+                }
+                Command::Pin { tokens, dir, reply } => {
+                    let pinned = match &dir {
+                        Some(dir) => engine.pin_persisted_prefix(&tokens, dir),
+                        None => engine.pin_prefix(&tokens),
+                    };
+                    let _ = reply.send(pinned.map(|(handle, source)| {
+                        let n = handle.num_tokens;
+                        pins.push((tokens, handle));
+                        (n, source)
+                    }));
+                }
+                Command::Unpin { tokens } => {
+                    if let Some(i) = pins.iter().position(|(t, _)| *t == tokens) {
+                        let (_, handle) = pins.remove(i);
+                        engine.unpin_prefix(&handle);
+                    }
                 }
                 Command::Shutdown { cancel } => {
                     stopping = true;

@@ -536,3 +536,274 @@ async fn the_official_openai_python_client_works_unchanged() {
     );
     assert!(stdout.contains("all checks passed"), "{stdout}");
 }
+
+fn documents() -> Value {
+    let docs: Vec<Value> = (0..6)
+        .map(|i| {
+            json!({"id": format!("d{i}"), "title": format!("doc {i}"),
+                   "text": format!("the cat sat on mat {i} and the dog ran to the park while the bird sang {i}")})
+        })
+        .collect();
+    Value::Array(docs)
+}
+
+fn ask(question: &str, triage: Value) -> Value {
+    json!({
+        "model": "triage",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}],
+        "max_tokens": 4,
+        "triage": triage,
+    })
+}
+
+/// The routing pipeline over HTTP: corpora are created, listed, changed; chat completions with
+/// `model: "triage"` answer over them with the path in a header and the decision record in the
+/// body; a second escalation reports the corpus prefix as cached; streaming gives the same text
+/// with the record in its last chunk; `/v1/route` decides without answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_answers_over_corpora_managed_by_the_api() {
+    let server = TestServer::start_routed(|c| {
+        c.routing.lc_max_tokens = 4;
+        c.routing.rag_max_tokens = 4;
+        c.routing.prices.long_context.cached_prompt = 100.0;
+    })
+    .await;
+    use reqwest::Method;
+    let (status, _, created) = server
+        .send(
+            Method::POST,
+            "/v1/corpora",
+            &json!({"name": "docs", "documents": documents()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["result"]["added"], 6);
+    let prefix = created["result"]["corpus"]["prefix_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(created["result"]["corpus"]["pinned_from"], "computed");
+    let (status, list) = server.get("/v1/corpora").await;
+    assert_eq!(status, 200);
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(list["data"][0]["name"], "docs");
+    assert_eq!(list["data"][0]["documents"], 6);
+
+    for _ in 0..2 {
+        let (status, route, body) = server
+            .send(
+                Method::POST,
+                "/v1/chat/completions",
+                &ask(
+                    "where did the dog run",
+                    json!({"corpus": "docs", "route": "lc"}),
+                ),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(route.as_deref(), Some("lc"));
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["model"], "triage");
+        assert_eq!(body["triage"]["route"]["path"], "lc");
+        assert!(body["choices"][0]["message"]["content"].is_string());
+        let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        // Block size 4: every whole block of the corpus prefix was pinned when it loaded.
+        assert!(cached >= prefix / 4 * 4, "{cached} cached of {prefix}");
+    }
+
+    // τ = 0 escalates; a forced rag route keeps the RAG answer whatever its entropy.
+    let (_, route, body) = server
+        .send(
+            Method::POST,
+            "/v1/chat/completions",
+            &ask(
+                "where did the dog run",
+                json!({"corpus": "docs", "tau": 0.0}),
+            ),
+        )
+        .await;
+    assert_eq!(route.as_deref(), Some("lc"), "{body}");
+    assert_eq!(body["triage"]["route"]["monitor"]["decision"], "escalate");
+    let escalated = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, route, body) = server
+        .send(
+            Method::POST,
+            "/v1/chat/completions",
+            &ask(
+                "where did the dog run",
+                json!({"corpus": "docs", "route": "rag", "tau": 0.0}),
+            ),
+        )
+        .await;
+    assert_eq!(route.as_deref(), Some("rag"), "{body}");
+    assert_eq!(body["triage"]["route"]["forced"], true);
+    let plain = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Streaming gives the same texts; the path comes first (header and first chunk), the
+    // record in the last chunk, and a replaced RAG answer is never streamed.
+    for (triage, expected_route, expected_text) in [
+        (
+            json!({"corpus": "docs", "route": "rag", "tau": 0.0}),
+            "rag",
+            &plain,
+        ),
+        (json!({"corpus": "docs", "tau": 0.0}), "lc", &escalated),
+    ] {
+        let mut streamed = ask("where did the dog run", triage);
+        streamed["stream"] = json!(true);
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", server.url))
+            .json(&streamed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-triage-route"], expected_route);
+        let data = sse_data(&r.text().await.unwrap());
+        assert_eq!(data.last().unwrap(), "[DONE]");
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(chunks[0]["triage"]["path"], expected_route);
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(&text, expected_text);
+        let last = chunks.last().unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert_eq!(last["triage"]["route"]["path"], expected_route);
+    }
+
+    let (status, route, planned) = server
+        .send(
+            Method::POST,
+            "/v1/route",
+            &json!({"corpus": "docs", "question": "where did the dog run"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{planned}");
+    assert_eq!(route.as_deref(), Some("rag"));
+    assert_eq!(planned["path"], "rag");
+    assert!(planned["route"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("may still escalate"));
+    assert!(planned["route"]["estimated_costs"]["lc"].as_f64().unwrap() > 0.0);
+
+    let (status, _, changed) = server
+        .send(
+            Method::DELETE,
+            "/v1/corpora/docs/documents",
+            &json!({"ids": ["d0", "d1"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{changed}");
+    assert_eq!(changed["result"]["deleted"], 2);
+    let (status, _, added) = server
+        .send(
+            Method::POST,
+            "/v1/corpora/docs/documents",
+            &json!({"documents": [{"id": "d9", "text": "a fox jumped over the fence"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{added}");
+    assert_eq!(added["result"]["added"], 1);
+    let (status, docs) = server.get("/v1/corpora/docs/documents").await;
+    assert_eq!(status, 200);
+    let docs: Value = serde_json::from_str(&docs).unwrap();
+    let ids: Vec<&str> = docs["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["d2", "d3", "d4", "d5", "d9"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pipeline_requests_are_client_errors() {
+    let server = TestServer::start_routed(|_| {}).await;
+    use reqwest::Method;
+    let (status, _, _) = server
+        .send(
+            Method::POST,
+            "/v1/corpora",
+            &json!({"name": "docs", "documents": documents()}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let cases = [
+        (ask("q", Value::Null), 400, Some("triage")),
+        (
+            ask("q", json!({"corpus": "docs", "route": "sideways"})),
+            400,
+            Some("triage.route"),
+        ),
+        (
+            ask("q", json!({"corpus": "docs", "tau": -1.0})),
+            400,
+            Some("triage.tau"),
+        ),
+        (
+            ask("q", json!({"corpus": "docs", "surprise": 1})),
+            400,
+            Some("triage"),
+        ),
+        (ask("q", json!({"corpus": "nope"})), 404, Some("corpus")),
+        (ask("  ", json!({"corpus": "docs"})), 400, Some("messages")),
+    ];
+    for (body, expected, param) in cases {
+        let (status, _, error) = server
+            .send(Method::POST, "/v1/chat/completions", &body)
+            .await;
+        assert_eq!(status, expected, "{body} → {error}");
+        assert_eq!(error["error"]["param"].as_str(), param, "{error}");
+        assert!(error["error"]["message"].is_string());
+    }
+    let (status, _, e) = server
+        .send(
+            Method::POST,
+            "/v1/corpora",
+            &json!({"name": "docs", "documents": []}),
+        )
+        .await;
+    assert_eq!(status, 400, "{e}");
+    let (status, _, e) = server
+        .send(
+            Method::DELETE,
+            "/v1/corpora/docs/documents",
+            &json!({"ids": ["missing"]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{e}");
+    let (status, _, e) = server
+        .send(
+            Method::POST,
+            "/v1/corpora/nope/documents",
+            &json!({"documents": []}),
+        )
+        .await;
+    assert_eq!(status, 404, "{e}");
+    let (status, _, e) = server
+        .send(Method::POST, "/v1/route", &json!({"corpus": "docs"}))
+        .await;
+    assert_eq!(status, 400, "{e}");
+    // The server is still up and answering.
+    let (status, _, _) = server
+        .send(
+            Method::POST,
+            "/v1/chat/completions",
+            &ask("where", json!({"corpus": "docs", "route": "rag"})),
+        )
+        .await;
+    assert_eq!(status, 200);
+}

@@ -10,6 +10,7 @@ use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
+use triage_server::routing::RoutingService;
 use triage_server::{AppState, EngineWorker, ModelEntry, ServerConfig};
 
 pub const MODEL: &str = "tiny";
@@ -25,6 +26,16 @@ pub struct TestServer {
 impl TestServer {
     /// Start on a free loopback port with `edit` applied to the default test config.
     pub async fn start(edit: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::start_inner(edit, false).await
+    }
+
+    /// Start with the routing pipeline (alias `triage`) over the tiny model, a tiny BERT
+    /// embedder, and a scratch corpus store.
+    pub async fn start_routed(edit: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::start_inner(edit, true).await
+    }
+
+    async fn start_inner(edit: impl FnOnce(&mut ServerConfig), routed: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         // A long context, so a test can start a generation that outlives its client.
@@ -55,7 +66,31 @@ impl TestServer {
         .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let state = AppState::new(config, vec![worker]);
+        let workers = vec![Arc::new(worker)];
+        let routing = routed.then(|| {
+            let bert = dir.path().join("tiny-bert");
+            triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
+            let embedder = triage_retrieval::BertEmbedder {
+                name: "tiny-bert".into(),
+                model: triage_models::bert::SentenceEmbedder::load(
+                    &bert,
+                    &candle_core::Device::Cpu,
+                )
+                .unwrap(),
+            };
+            Arc::new(
+                RoutingService::new(
+                    &config.pipeline.alias,
+                    config.routing.clone(),
+                    &workers,
+                    embedder,
+                    &dir.path().join("data"),
+                    dir.path().join("prefixes"),
+                )
+                .unwrap(),
+            )
+        });
+        let state = AppState::with_routing(config, workers, routing);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(triage_server::serve(state.clone(), listener, async move {
             let _ = rx.await;
@@ -128,6 +163,28 @@ impl TestServer {
             .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A request with any method, returning the status, the `x-triage-route` header and the
+    /// JSON body.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> (u16, Option<String>, Value) {
+        let r = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let route = r
+            .headers()
+            .get("x-triage-route")
+            .map(|v| v.to_str().unwrap().to_string());
+        (status, route, r.json().await.unwrap_or(Value::Null))
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {

@@ -1,0 +1,408 @@
+//! The routing pipeline over HTTP: chat completions addressed to the pipeline's alias (with the
+//! `triage` request extension), `POST /v1/route`, and `/v1/corpora`. The pipeline blocks, so it
+//! runs on tokio's blocking pool; a streamed answer starts once the pipeline has announced its
+//! path (which the `x-triage-route` header carries), and the decision record rides in the last
+//! chunk.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+use triage_retrieval::Document;
+use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath};
+
+use crate::api_error::ApiError;
+use crate::app::AppState;
+use crate::routing::{RoutingError, RoutingService};
+use crate::wire::ChatCompletionRequest;
+
+/// The response header naming the path that answered.
+pub const ROUTE_HEADER: &str = "x-triage-route";
+
+impl From<RoutingError> for ApiError {
+    fn from(e: RoutingError) -> Self {
+        match e {
+            RoutingError::Invalid(m) => ApiError::invalid(m),
+            RoutingError::UnknownCorpus(name) => ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("no corpus named {name:?}; create it with POST /v1/corpora"),
+                param: Some("corpus".into()),
+                code: Some("corpus_not_found"),
+            },
+            RoutingError::Internal(m) => ApiError::internal(m),
+        }
+    }
+}
+
+/// The `triage` object of a request: which corpus, and per-request overrides.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TriageExtension {
+    pub corpus: String,
+    #[serde(default)]
+    pub route: Option<String>,
+    #[serde(default)]
+    pub tau: Option<f32>,
+}
+
+fn service(state: &AppState) -> Result<Arc<RoutingService>, ApiError> {
+    state.routing.clone().ok_or_else(|| {
+        ApiError::invalid("routing is not enabled on this server (no model with role \"base\")")
+    })
+}
+
+fn extension(value: Option<&serde_json::Value>) -> Result<TriageExtension, ApiError> {
+    let value = value.ok_or_else(|| {
+        ApiError::invalid_param(
+            "triage",
+            "the pipeline needs a `triage` object naming the corpus: {\"corpus\": NAME}",
+        )
+    })?;
+    serde_json::from_value(value.clone())
+        .map_err(|e| ApiError::invalid_param("triage", format!("invalid `triage` object: {e}")))
+}
+
+fn ask_request(
+    ext: TriageExtension,
+    question: String,
+    max_tokens: Option<usize>,
+) -> Result<AskRequest, ApiError> {
+    let route = match &ext.route {
+        Some(r) => r
+            .parse::<Route>()
+            .map_err(|e| ApiError::invalid_param("triage.route", e.to_string()))?,
+        None => Route::Auto,
+    };
+    if ext.tau.is_some_and(|t| !(t.is_finite() && t >= 0.0)) {
+        return Err(ApiError::invalid_param(
+            "triage.tau",
+            "tau must be a finite number >= 0",
+        ));
+    }
+    if question.trim().is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "the pipeline needs a non-empty last user message",
+        ));
+    }
+    Ok(AskRequest {
+        corpus: ext.corpus,
+        question,
+        route,
+        tau: ext.tau,
+        max_tokens,
+    })
+}
+
+/// What the blocking pipeline sends back to a handler.
+enum Message {
+    Event(AnswerEvent),
+    Done(Box<Result<Answer, ApiError>>),
+}
+
+fn spawn_ask(
+    service: Arc<RoutingService>,
+    request: AskRequest,
+) -> mpsc::UnboundedReceiver<Message> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::task::spawn_blocking(move || {
+        let events = tx.clone();
+        let result = service
+            .ask(&request, &mut |e| {
+                let _ = events.send(Message::Event(e));
+            })
+            .map_err(ApiError::from);
+        let _ = tx.send(Message::Done(Box::new(result)));
+    });
+    rx
+}
+
+fn usage_json(answer: &Answer) -> serde_json::Value {
+    json!({
+        "prompt_tokens": answer.usage.prompt_tokens,
+        "completion_tokens": answer.usage.completion_tokens,
+        "total_tokens": answer.usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": answer.usage.cached_prompt_tokens},
+    })
+}
+
+fn triage_json(answer: &Answer) -> serde_json::Value {
+    json!({"route": answer.decision, "usage": answer.usage, "timings": answer.timings})
+}
+
+fn with_route(mut response: Response, path: RoutePath) -> Response {
+    response
+        .headers_mut()
+        .insert(ROUTE_HEADER, HeaderValue::from_static(path.as_str()));
+    response
+}
+
+/// A chat completion answered by the pipeline.
+pub async fn chat(
+    state: Arc<AppState>,
+    request: ChatCompletionRequest,
+    id: String,
+    created: u64,
+) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let ext = extension(request.triage.as_ref())?;
+    let question = match request
+        .messages
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, m)| m.role == "user")
+    {
+        Some((i, m)) => m.text(i)?,
+        None => String::new(),
+    };
+    let max_tokens = request.max_tokens();
+    let ask = ask_request(ext, question, max_tokens)?;
+    let model = service.alias.clone();
+    let mut rx = spawn_ask(service, ask);
+    if !request.common.stream {
+        loop {
+            match rx.recv().await {
+                Some(Message::Event(_)) => continue,
+                Some(Message::Done(result)) => {
+                    let answer = (*result)?;
+                    let body = json!({
+                        "id": id, "object": "chat.completion", "created": created, "model": model,
+                        "choices": [{"index": 0, "finish_reason": "stop", "logprobs": null,
+                                     "message": {"role": "assistant", "content": answer.text}}],
+                        "usage": usage_json(&answer),
+                        "triage": triage_json(&answer),
+                    });
+                    return Ok(with_route(Json(body).into_response(), answer.decision.path));
+                }
+                None => return Err(ApiError::internal("the pipeline stopped without an answer")),
+            }
+        }
+    }
+    // Streaming: wait for the path (or an error before it) so the header can carry it.
+    let path = match rx.recv().await {
+        Some(Message::Event(AnswerEvent::Route(path))) => path,
+        Some(Message::Done(result)) => {
+            let answer = (*result)?;
+            answer.decision.path
+        }
+        Some(Message::Event(AnswerEvent::Delta(_))) | None => {
+            return Err(ApiError::internal("the pipeline sent text before its path"))
+        }
+    };
+    let include_usage = request.common.include_usage();
+    let chunk = move |delta: serde_json::Value,
+                      finish: Option<&str>,
+                      extra: Option<serde_json::Value>| {
+        let mut c = json!({
+            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+        });
+        if let Some(extra) = extra {
+            c["triage"] = extra;
+        }
+        c
+    };
+    let first = chunk(
+        json!({"role": "assistant", "content": ""}),
+        None,
+        Some(json!({"path": path})),
+    );
+    let stream = sse_stream(rx, first, chunk, include_usage);
+    let response = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    Ok(with_route(response, path))
+}
+
+type Chunk =
+    dyn Fn(serde_json::Value, Option<&str>, Option<serde_json::Value>) -> serde_json::Value + Send;
+
+fn sse_stream(
+    rx: mpsc::UnboundedReceiver<Message>,
+    first: serde_json::Value,
+    chunk: impl Fn(serde_json::Value, Option<&str>, Option<serde_json::Value>) -> serde_json::Value
+        + Send
+        + 'static,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let chunk: Box<Chunk> = Box::new(chunk);
+    let queued: std::collections::VecDeque<String> = [first.to_string()].into();
+    stream::unfold(
+        (rx, queued, false, chunk),
+        move |(mut rx, mut queued, mut done, chunk)| async move {
+            loop {
+                if let Some(data) = queued.pop_front() {
+                    return Some((Ok(Event::default().data(data)), (rx, queued, done, chunk)));
+                }
+                if done {
+                    return None;
+                }
+                match rx.recv().await {
+                    Some(Message::Event(AnswerEvent::Delta(text))) if !text.is_empty() => {
+                        queued.push_back(chunk(json!({"content": text}), None, None).to_string());
+                    }
+                    Some(Message::Event(_)) => {}
+                    Some(Message::Done(result)) => {
+                        match *result {
+                            Ok(answer) => {
+                                let last =
+                                    chunk(json!({}), Some("stop"), Some(triage_json(&answer)));
+                                queued.push_back(last.to_string());
+                                if include_usage {
+                                    let mut u = chunk(json!({}), None, None);
+                                    u["choices"] = json!([]);
+                                    u["usage"] = usage_json(&answer);
+                                    queued.push_back(u.to_string());
+                                }
+                            }
+                            // Headers are gone: the error travels as the stream's last event.
+                            Err(e) => queued.push_back(e.body().to_string()),
+                        }
+                        queued.push_back("[DONE]".into());
+                        done = true;
+                    }
+                    None => {
+                        queued.push_back("[DONE]".into());
+                        done = true;
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// `POST /v1/route`: the path a question would take first, without answering it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRequest {
+    pub corpus: String,
+    pub question: String,
+    #[serde(default)]
+    pub route: Option<String>,
+    #[serde(default)]
+    pub tau: Option<f32>,
+}
+
+pub async fn route(state: Arc<AppState>, body: RouteRequest) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let ask = ask_request(
+        TriageExtension {
+            corpus: body.corpus,
+            route: body.route,
+            tau: body.tau,
+        },
+        body.question,
+        None,
+    )?;
+    let record = tokio::task::spawn_blocking(move || service.plan(&ask))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let path = record.path;
+    let body = json!({"object": "triage.route", "path": path, "route": record});
+    Ok(with_route(Json(body).into_response(), path))
+}
+
+/// A document as clients send it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocumentIn {
+    pub id: String,
+    #[serde(default)]
+    pub title: Option<String>,
+    pub text: String,
+}
+
+fn documents(docs: Vec<DocumentIn>) -> Vec<Document> {
+    docs.into_iter()
+        .map(|d| Document {
+            title: d.title.unwrap_or_else(|| d.id.clone()),
+            id: d.id,
+            text: d.text,
+        })
+        .collect()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCorpus {
+    pub name: String,
+    #[serde(default)]
+    pub documents: Vec<DocumentIn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddDocuments {
+    pub documents: Vec<DocumentIn>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteDocuments {
+    pub ids: Vec<String>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RoutingError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::from)
+}
+
+pub async fn create_corpus(state: Arc<AppState>, body: CreateCorpus) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let docs = documents(body.documents);
+    let change = blocking(move || service.create_corpus(&body.name, &docs)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"object": "corpus", "result": change})),
+    )
+        .into_response())
+}
+
+pub async fn list_corpora(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let list = blocking(move || service.list_corpora()).await?;
+    Ok(Json(json!({"object": "list", "data": list})).into_response())
+}
+
+pub async fn add_documents(
+    state: Arc<AppState>,
+    name: String,
+    body: AddDocuments,
+) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let docs = documents(body.documents);
+    let change = blocking(move || service.add_documents(&name, &docs)).await?;
+    Ok(Json(json!({"object": "corpus", "result": change})).into_response())
+}
+
+pub async fn list_documents(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let list = blocking(move || service.list_documents(&name)).await?;
+    Ok(Json(json!({"object": "list", "data": list})).into_response())
+}
+
+pub async fn delete_documents(
+    state: Arc<AppState>,
+    name: String,
+    body: DeleteDocuments,
+) -> Result<Response, ApiError> {
+    let service = service(&state)?;
+    let change = blocking(move || service.delete_documents(&name, &body.ids)).await?;
+    Ok(Json(json!({"object": "corpus", "result": change})).into_response())
+}

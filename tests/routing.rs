@@ -1,0 +1,284 @@
+//! `triage::Engine` end to end. On a tiny random model: loading a corpus pins its long-context
+//! prefix and persists it (a restart reads it from disk), every escalation prefills only the
+//! question, an escalation stops the RAG generation at once, and bad overrides are errors. On
+//! the real Qwen2.5-Coder-0.5B over eight SQuAD paragraphs (≈ 1.4k tokens, `tests/fixtures/
+//! squad-normans`): a question answered from the retrieved chunks stays on RAG, and one whose
+//! answer is in the corpus but not in the retrieved chunks escalates and is answered.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::GgmlDType;
+use triage::{AskRequest, Engine, Route, RoutePath, TriageConfig};
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_retrieval::{load_documents, ChunkerConfig, CorpusStore, Embedder};
+
+struct Setup {
+    dir: tempfile::TempDir,
+    config: TriageConfig,
+}
+
+impl Setup {
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    fn engine(&self) -> Engine {
+        Engine::new(self.config.clone())
+            .unwrap()
+            .with_store(&self.store())
+    }
+}
+
+/// Ingest `docs` as corpus `name` with the embedder the engine uses.
+fn ingest(setup: &Setup, name: &str, docs: &[triage_retrieval::Document]) {
+    let embedder = triage::retrieve::load_embedder(&setup.config.models.embedder).unwrap();
+    let tokenizer = embedder.model.tokenizer().clone();
+    let chunker = ChunkerConfig {
+        max_tokens: 40,
+        overlap_tokens: 0,
+    };
+    CorpusStore::new(&setup.store())
+        .ingest(name, docs, &[], &embedder, &tokenizer, chunker)
+        .unwrap();
+    assert!(!embedder.id().is_empty());
+}
+
+fn tiny() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    // A context long enough for the whole corpus plus a question.
+    let spec = TinySpec {
+        context_length: 4096,
+        ..TinySpec::new(Architecture::Qwen2)
+    };
+    write_tiny_gguf(&model, &spec, GgmlDType::F32).unwrap();
+    let bert = dir.path().join("tiny-bert");
+    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
+    let mut config = TriageConfig::default();
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    config.models.base = path(&model);
+    config.models.long_context = path(&model);
+    config.models.embedder = path(&bert);
+    config.models.kv_budget = "512blocks".into();
+    config.prefix_dir = Some(dir.path().join("prefixes"));
+    config.routing.rag_max_tokens = 8;
+    config.routing.lc_max_tokens = 4;
+    config.routing.retrieval.k = 2;
+    // RAG must look cheaper than the long context for the router to try it first.
+    config.routing.prices.long_context.cached_prompt = 100.0;
+    let setup = Setup { dir, config };
+    let docs: Vec<triage_retrieval::Document> = (0..6)
+        .map(|i| triage_retrieval::Document {
+            id: format!("d{i}"),
+            title: format!("doc {i}"),
+            text: format!(
+                "the cat sat on mat {i} and the dog ran to the park while the bird sang {i}"
+            ),
+        })
+        .collect();
+    ingest(&setup, "tiny", &docs);
+    setup
+}
+
+fn question(corpus: &str, q: &str, route: Route) -> AskRequest {
+    AskRequest {
+        corpus: corpus.into(),
+        question: q.into(),
+        route,
+        ..AskRequest::default()
+    }
+}
+
+#[test]
+fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_disk() {
+    let setup = tiny();
+    let mut engine = setup.engine();
+    let info = engine.load_corpus("tiny").unwrap();
+    let prefix = info
+        .prefix_tokens
+        .unwrap_or_else(|| panic!("{:?}", info.long_context_unavailable));
+    assert_eq!(info.pinned_from.as_deref(), Some("computed"));
+    assert_eq!(info.pinned_tokens, Some(prefix / 16 * 16));
+    for q in ["where did the dog run", "what did the bird do"] {
+        let answer = engine.ask(&question("tiny", q, Route::Lc)).unwrap();
+        assert_eq!(answer.decision.path, RoutePath::Lc);
+        let lc = answer
+            .decision
+            .stages
+            .iter()
+            .find(|s| s.stage == "lc")
+            .unwrap();
+        assert!(
+            lc.cached_prompt_tokens >= prefix / 16 * 16,
+            "{} cached of a {prefix}-token prefix",
+            lc.cached_prompt_tokens
+        );
+        assert_eq!(answer.usage.cached_prompt_tokens, lc.cached_prompt_tokens);
+    }
+    drop(engine);
+    let mut restarted = setup.engine();
+    let info = restarted.load_corpus("tiny").unwrap();
+    assert_eq!(info.pinned_from.as_deref(), Some("disk"));
+    let answer = restarted
+        .ask(&question("tiny", "where did the dog run", Route::Lc))
+        .unwrap();
+    let lc = answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage == "lc")
+        .unwrap();
+    assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
+}
+
+#[test]
+fn an_escalation_stops_the_rag_generation_at_its_first_token() {
+    let setup = tiny();
+    let mut engine = setup.engine();
+    engine.load_corpus("tiny").unwrap();
+    // τ = 0: any answer token with positive entropy escalates.
+    let mut request = question("tiny", "where did the dog run", Route::Auto);
+    request.tau = Some(0.0);
+    let mut events = Vec::new();
+    let answer = engine.ask_stream(&request, |e| events.push(e)).unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Lc);
+    // It stopped at the first token of the answer span (random tokens without letters or
+    // digits before it are not answer content).
+    let rag = answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage == "rag")
+        .unwrap();
+    let monitor = answer.decision.monitor.as_ref().unwrap();
+    assert_eq!(monitor.decided_at, Some(rag.completion_tokens));
+    assert!(rag.completion_tokens < 8, "{}", rag.completion_tokens);
+    let first_in_span = monitor.in_answer_span.iter().position(|&s| s).unwrap();
+    assert_eq!(first_in_span + 1, rag.completion_tokens);
+    assert_eq!(events[0], triage::AnswerEvent::Route(RoutePath::Lc));
+    // A generous τ keeps the RAG answer.
+    request.tau = Some(1e6);
+    let answer = engine.ask(&request).unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Rag);
+    assert_eq!(answer.decision.monitor.unwrap().decision, "accept");
+}
+
+#[test]
+fn bad_overrides_and_unknown_corpora_are_client_errors() {
+    let setup = tiny();
+    let mut engine = setup.engine();
+    engine.load_corpus("tiny").unwrap();
+    let mut request = question("tiny", "where did the dog run", Route::Auto);
+    request.tau = Some(-1.0);
+    let err = engine.ask(&request).unwrap_err();
+    assert!(err.is_client_error(), "{err}");
+    request.tau = None;
+    request.max_tokens = Some(0);
+    assert!(engine.ask(&request).unwrap_err().is_client_error());
+    let err = engine
+        .ask(&question("nope", "where did the dog run", Route::Auto))
+        .unwrap_err();
+    assert!(
+        err.is_client_error() && err.to_string().contains("nope"),
+        "{err}"
+    );
+    assert!(engine.load_corpus("missing").is_err());
+    let bad = TriageConfig::from_toml_str("[routing.monitor]\ntau = -2.0\n");
+    assert!(bad.is_ok());
+    assert!(Engine::new(bad.unwrap()).is_err());
+    assert!(TriageConfig::from_toml_str("[routing]\nsurprise = 1\n").is_err());
+}
+
+/// The real models over eight SQuAD paragraphs; the long-context model is the 0.5B too, so the
+/// corpus fits a CPU test.
+fn normans() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = TriageConfig::default();
+    config.models.long_context = config.models.base.clone();
+    config.models.kv_budget = "1024blocks".into();
+    config.prefix_dir = Some(dir.path().join("prefixes"));
+    config.routing.retrieval.k = 2;
+    let setup = Setup { dir, config };
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/squad-normans");
+    let docs = load_documents(&fixture.join("documents.jsonl")).unwrap();
+    assert_eq!(docs.len(), 8);
+    let embedder = triage::retrieve::load_embedder(&setup.config.models.embedder).unwrap();
+    let tokenizer = embedder.model.tokenizer().clone();
+    CorpusStore::new(&setup.store())
+        .ingest(
+            "normans",
+            &docs,
+            &[],
+            &embedder,
+            &tokenizer,
+            ChunkerConfig::default(),
+        )
+        .unwrap();
+    setup
+}
+
+#[test]
+fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
+    let setup = normans();
+    let mut engine = setup.engine();
+    let info = engine.load_corpus("normans").unwrap();
+    let prefix = info.prefix_tokens.unwrap();
+    assert!((1000..2000).contains(&prefix), "{prefix}");
+
+    let kept = engine
+        .ask(&question(
+            "normans",
+            "When were the Normans in Normandy?",
+            Route::Auto,
+        ))
+        .unwrap();
+    assert_eq!(
+        kept.decision.path,
+        RoutePath::Rag,
+        "{:?}",
+        kept.decision.reason
+    );
+    assert!(
+        kept.text.contains("10th and 11th centuries"),
+        "{}",
+        kept.text
+    );
+    assert!(kept.decision.stages.iter().all(|s| s.stage != "lc"));
+
+    let missed = "What part of France were the Normans located?";
+    let escalated = engine
+        .ask(&question("normans", missed, Route::Auto))
+        .unwrap();
+    // The answer ("the north", paragraph normans-05) is in the corpus but not in the chunks
+    // retrieval gave the base model.
+    let corpus = CorpusStore::new(&setup.store()).open("normans").unwrap();
+    let retrieval = escalated.decision.retrieval.as_ref().unwrap();
+    assert_eq!(retrieval.chunk_ids.len(), 2);
+    for id in &retrieval.chunk_ids {
+        let chunk = corpus.chunks().iter().find(|c| &c.id == id).unwrap();
+        assert!(!chunk.text.contains("north"), "{}", chunk.text);
+    }
+    assert!(corpus.chunks().iter().any(|c| c.text.contains("the north")));
+    let monitor = escalated.decision.monitor.as_ref().unwrap();
+    assert_eq!(
+        escalated.decision.path,
+        RoutePath::Lc,
+        "{}",
+        escalated.decision.reason
+    );
+    assert_eq!(monitor.decision, "escalate");
+    assert!(
+        escalated.text.to_lowercase().contains("north"),
+        "{}",
+        escalated.text
+    );
+    let lc = escalated
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage == "lc")
+        .unwrap();
+    assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
+    assert_eq!(monitor.tau.model, "qwen2.5-coder-0.5b");
+}
