@@ -341,3 +341,74 @@ impl Engine {
         )?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use triage_router::routing_config::{ClassifierSetting, RagSearch, RerankSetting};
+    use triage_router::RoutePath;
+
+    /// The `[routing]` table as the README documents it.
+    #[test]
+    fn the_documented_config_parses() {
+        let text = r#"
+corpora = ["docs"]
+
+[models]
+long_context = "qwen2.5-coder-0.5b"
+
+[routing]
+classifier = { learned = "/tmp/classifier.json" }
+gate_nll = 0.2
+actions = ["none", "rag", "hybrid", "lc"]
+
+[routing.retrieval]
+search = "dual"
+rerank = "llm"
+k = 4
+gain_policy = "/tmp/gain.json"
+
+[routing.monitor]
+tau = 0.6
+window = 30
+estimator = "full_softmax"
+self_route = true
+combined_score = "/tmp/combined.json"
+
+[routing.prices.long_context]
+prompt = 3.0
+cached_prompt = 0.75
+completion = 9.0
+"#;
+        let c = TriageConfig::from_toml_str(text).unwrap();
+        assert_eq!(c.corpora, ["docs"]);
+        assert_eq!(c.models.long_context, "qwen2.5-coder-0.5b");
+        assert_eq!(c.models.base, "qwen2.5-coder-0.5b");
+        let r = &c.routing;
+        assert_eq!(
+            r.classifier,
+            ClassifierSetting::Learned("/tmp/classifier.json".into())
+        );
+        assert_eq!(r.gate_nll, Some(0.2));
+        assert_eq!(r.actions.len(), 4);
+        assert_eq!(r.retrieval.search, RagSearch::Dual);
+        assert_eq!(r.retrieval.rerank, RerankSetting::Llm);
+        assert_eq!(r.monitor.tau, 0.6);
+        assert_eq!(r.prices.long_context.cached_prompt, 0.75);
+        assert!(r.allows(RoutePath::Hybrid));
+        for (form, expected) in [
+            ("\"zero_shot\"", ClassifierSetting::ZeroShot),
+            (
+                "{ zero_shot_threshold = 0.19 }",
+                ClassifierSetting::ZeroShotThreshold(0.19),
+            ),
+            ("\"off\"", ClassifierSetting::Off),
+        ] {
+            let c =
+                TriageConfig::from_toml_str(&format!("[routing]\nclassifier = {form}\n")).unwrap();
+            assert_eq!(c.routing.classifier, expected);
+        }
+        assert!(TriageConfig::from_toml_str("[routing]\nclassifier = \"psychic\"\n").is_err());
+        assert!(TriageConfig::from_toml_str("[models]\nbase = 3\n").is_err());
+    }
+}

@@ -372,13 +372,30 @@ fn train(command: TrainCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
+                let auroc = |a: Option<f64>| a.map_or("n/a".into(), |a| format!("{a:.3}"));
                 println!(
-                    "learned classifier: held-out accuracy {:.3} on {} rows ({} groups); trained \
-                     on {} rows",
-                    r.learned_accuracy, r.held_out_rows, r.held_out_groups, r.train_rows
+                    "learned classifier: held-out accuracy {:.3}, AUROC {} on {} rows ({} groups); \
+                     trained on {} rows",
+                    r.learned.accuracy,
+                    auroc(r.learned.auroc),
+                    r.held_out_rows,
+                    r.held_out_groups,
+                    r.train_rows
                 );
-                if let (Some(z), Some(m)) = (r.zero_shot_accuracy, &r.zero_shot_model) {
-                    println!("zero-shot ({m}): held-out accuracy {z:.3}");
+                if let (Some(z), Some(m)) = (r.zero_shot, &r.zero_shot_model) {
+                    println!(
+                        "zero-shot ({m}): held-out accuracy {:.3}, AUROC {}",
+                        z.accuracy,
+                        auroc(z.auroc)
+                    );
+                }
+                if let (Some(t), Some(z)) = (r.zero_shot_threshold, r.zero_shot_calibrated) {
+                    println!(
+                        "zero-shot with its threshold calibrated on the training rows \
+                         (P(global) >= {t:.4}; routing: classifier = {{ zero_shot_threshold = \
+                         {t:.4} }}): held-out accuracy {:.3}",
+                        z.accuracy
+                    );
                 }
                 println!("saved {} (sha256 {})", r.path.display(), r.sha256);
             }

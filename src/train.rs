@@ -10,8 +10,8 @@ use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
 use triage_retrieval::metrics::{hit_at, unique_documents};
 use triage_retrieval::{Embedder, Hit, SearchMode, SearchOptions};
 use triage_router::classifier::{
-    accuracy, is_held_out, read_labelled, ClassifyWith, LabelledQuery, LearnedClassifier,
-    QueryClass, ZeroShotClassifier,
+    best_threshold, evaluate, is_held_out, read_labelled, ClassifierQuality, ClassifyWith,
+    LabelledQuery, LearnedClassifier, QueryClass, ZeroShotClassifier,
 };
 use triage_router::gain_policy::{
     is_test_group, GainExample, GainPolicy, GainReport, HYBRID_CALL_COST,
@@ -31,9 +31,12 @@ pub struct ClassifierReport {
     pub train_rows: usize,
     pub held_out_rows: usize,
     pub held_out_groups: usize,
-    pub learned_accuracy: f64,
-    /// Accuracy of the router model zero-shot on the same held-out rows.
-    pub zero_shot_accuracy: Option<f64>,
+    pub learned: ClassifierQuality,
+    /// The router model zero-shot on the same held-out rows.
+    pub zero_shot: Option<ClassifierQuality>,
+    /// Its threshold calibrated on the training rows, and its quality at that threshold.
+    pub zero_shot_threshold: Option<f64>,
+    pub zero_shot_calibrated: Option<ClassifierQuality>,
     pub zero_shot_model: Option<String>,
 }
 
@@ -68,24 +71,25 @@ pub fn train_classifier(
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let sha256 = learned.save(&path)?;
-    let zero_shot = match zero_shot_model {
+    let mut zero_shot = match zero_shot_model {
         Some(name) => Some(engine(name)?),
         None => None,
     };
-    // The learned classifier needs no generator; a tiny stand-in would do, but the zero-shot
-    // engine (when asked for) serves both.
-    let mut zero_shot_engine = zero_shot;
-    let (learned_accuracy, zero_shot_accuracy) = match zero_shot_engine.as_mut() {
+    let (learned_quality, zero_shot_quality) = match zero_shot.as_mut() {
         Some(engine) => {
             let mut with = ClassifyWith {
                 embedder: &embedder,
                 generator: engine,
             };
-            let l = accuracy(&learned, &held, &mut with)?;
-            let z = accuracy(&ZeroShotClassifier, &held, &mut with)?;
-            (l, Some(z))
+            let l = evaluate(&learned, &held, &mut with)?;
+            let raw = ZeroShotClassifier::default();
+            let z = evaluate(&raw, &held, &mut with)?;
+            let threshold = best_threshold(&raw, &train, &mut with)?;
+            let calibrated = ZeroShotClassifier { threshold };
+            let zc = evaluate(&calibrated, &held, &mut with)?;
+            (l, Some((z, threshold, zc)))
         }
-        None => (learned_only_accuracy(&learned, &held, &embedder)?, None),
+        None => (learned_only(&learned, &held, &embedder)?, None),
     };
     let groups: std::collections::BTreeSet<&str> = held.iter().map(|r| r.group.as_str()).collect();
     Ok(ClassifierReport {
@@ -94,30 +98,36 @@ pub fn train_classifier(
         train_rows: train.len(),
         held_out_rows: held.len(),
         held_out_groups: groups.len(),
-        learned_accuracy,
-        zero_shot_accuracy,
+        learned: learned_quality,
+        zero_shot: zero_shot_quality.map(|z| z.0),
+        zero_shot_threshold: zero_shot_quality.map(|z| z.1),
+        zero_shot_calibrated: zero_shot_quality.map(|z| z.2),
         zero_shot_model: zero_shot_model.map(str::to_string),
     })
 }
 
-fn learned_only_accuracy(
+/// The learned classifier's quality without a generator (it needs only the embedder).
+fn learned_only(
     learned: &LearnedClassifier,
     rows: &[&LabelledQuery],
     embedder: &dyn Embedder,
-) -> Result<f64> {
+) -> Result<ClassifierQuality> {
     let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
     let vectors = embedder.embed(&queries)?;
-    let mut correct = 0;
-    for (v, r) in vectors.iter().zip(rows) {
-        let p = learned.model.logistic.predict(v)?;
-        let label = if p >= learned.model.threshold {
-            QueryClass::Global
-        } else {
-            QueryClass::Point
-        };
-        correct += usize::from(label == r.label);
+    let mut scores = Vec::with_capacity(rows.len());
+    for v in &vectors {
+        scores.push(learned.model.logistic.predict(v)?);
     }
-    Ok(correct as f64 / rows.len() as f64)
+    let labels: Vec<bool> = rows.iter().map(|r| r.label == QueryClass::Global).collect();
+    let correct = scores
+        .iter()
+        .zip(&labels)
+        .filter(|(p, l)| (**p >= learned.model.threshold) == **l)
+        .count();
+    Ok(ClassifierQuality {
+        accuracy: correct as f64 / rows.len() as f64,
+        auroc: triage_router::linear::auroc(&scores, &labels),
+    })
 }
 
 fn engine(name: &str) -> Result<LlmEngine> {

@@ -152,16 +152,25 @@ const ZERO_SHOT_SYSTEM: &str = "You sort questions asked about a collection of d
 
 fn zero_shot_prompt(query: &str) -> String {
     format!(
-        "Question: {query}\n\nDoes this question ask for (A) a specific fact that a single passage \
-         can answer, or (B) a summary, the main themes, a comparison or an overview across many \
-         documents? Answer A or B."
+        "Question: {query}\n\nDoes this question ask for a fact or for a summary? Answer with \
+         one word: fact or summary."
     )
 }
 
-/// The router model reads the query and picks a label; P(global) is its probability of "B"
-/// against "A".
-#[derive(Debug, Clone, Default)]
-pub struct ZeroShotClassifier;
+/// The router model reads the query and is asked whether one passage's fact answers it;
+/// P(global) is its probability of "no" against "yes".
+#[derive(Debug, Clone)]
+pub struct ZeroShotClassifier {
+    /// P(global) at or above which a query is global: 0.5 as the model says, or a threshold
+    /// calibrated on labelled queries (`triage train classifier --zero-shot-model`).
+    pub threshold: f64,
+}
+
+impl Default for ZeroShotClassifier {
+    fn default() -> Self {
+        Self { threshold: 0.5 }
+    }
+}
 
 fn single_token(generator: &dyn Generator, words: &[&str]) -> Result<Vec<u32>> {
     let model = generator.model(ModelRole::Router)?;
@@ -203,8 +212,11 @@ impl QueryClassifier for ZeroShotClassifier {
         queries: &[&str],
         with: &mut ClassifyWith<'_>,
     ) -> Result<Vec<Classification>> {
-        let a = single_token(with.generator, &["A", " A"])?;
-        let b = single_token(with.generator, &["B", " B"])?;
+        let a = single_token(with.generator, &["fact", "Fact", " fact", " Fact"])?;
+        let b = single_token(
+            with.generator,
+            &["summary", "Summary", " summary", " Summary"],
+        )?;
         let scored: Vec<u32> = a.iter().chain(&b).copied().collect();
         let requests: Vec<GenerateRequest> = queries
             .iter()
@@ -237,7 +249,7 @@ impl QueryClassifier for ZeroShotClassifier {
                     pooled(&token.scored_logprobs, &b),
                 );
                 let p_global = 1.0 / (1.0 + (la - lb).exp());
-                Ok(Classification::from_p_global(p_global, 0.5))
+                Ok(Classification::from_p_global(p_global, self.threshold))
             })
             .collect()
     }
@@ -285,24 +297,113 @@ pub fn is_held_out(group: &str, every: u64) -> bool {
     hash % every.max(1) == 0
 }
 
-/// Fraction of `rows` a classifier labels correctly.
-pub fn accuracy(
+/// How well a classifier labels `rows`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ClassifierQuality {
+    /// Fraction labelled correctly at the classifier's own threshold.
+    pub accuracy: f64,
+    /// Threshold-free: P(global) of a random global query above a random point query.
+    pub auroc: Option<f64>,
+}
+
+/// The threshold on P(global) that labels `rows` best (ties: the middle of the best run), from
+/// the classifier's scores; for calibrating the zero-shot classifier on training rows.
+pub fn best_threshold(
     classifier: &dyn QueryClassifier,
     rows: &[&LabelledQuery],
     with: &mut ClassifyWith<'_>,
 ) -> Result<f64> {
+    let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
+    let mut scored: Vec<(f64, bool)> = Vec::with_capacity(rows.len());
+    for (chunk, labels) in queries.chunks(32).zip(rows.chunks(32)) {
+        for (c, r) in classifier.classify(chunk, with)?.iter().zip(labels) {
+            scored.push((f64::from(c.p_global), r.label == QueryClass::Global));
+        }
+    }
+    Ok(threshold_for(scored))
+}
+
+/// The threshold on scores that labels `(score, is_global)` pairs best.
+fn threshold_for(mut scored: Vec<(f64, bool)>) -> f64 {
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Threshold between positions i-1 and i: everything from i on is global.
+    let total_global = scored.iter().filter(|s| s.1).count();
+    let (mut best, mut best_correct) = (0.5, 0);
+    let mut point_below = 0;
+    let mut global_below = 0;
+    for i in 0..=scored.len() {
+        let correct = point_below + (total_global - global_below);
+        if correct > best_correct {
+            best_correct = correct;
+            best = match (i.checked_sub(1).map(|j| scored[j].0), scored.get(i)) {
+                (Some(lo), Some(hi)) => (lo + hi.0) / 2.0,
+                (None, Some(hi)) => hi.0,
+                (Some(lo), None) => lo + 1e-9,
+                (None, None) => 0.5,
+            };
+        }
+        if let Some(&(_, global)) = scored.get(i) {
+            if global {
+                global_below += 1;
+            } else {
+                point_below += 1;
+            }
+        }
+    }
+    best
+}
+
+/// Accuracy and AUROC of a classifier on `rows`.
+pub fn evaluate(
+    classifier: &dyn QueryClassifier,
+    rows: &[&LabelledQuery],
+    with: &mut ClassifyWith<'_>,
+) -> Result<ClassifierQuality> {
     if rows.is_empty() {
         return Err(RouterError::Invalid("no rows to evaluate".into()));
     }
     let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
-    let mut correct = 0;
-    for chunk in queries.chunks(32).zip(rows.chunks(32)) {
-        let labels = classifier.classify(chunk.0, with)?;
-        correct += labels
-            .iter()
-            .zip(chunk.1)
-            .filter(|(c, r)| c.label == r.label)
-            .count();
+    let mut classified = Vec::with_capacity(rows.len());
+    for chunk in queries.chunks(32) {
+        classified.extend(classifier.classify(chunk, with)?);
     }
-    Ok(correct as f64 / rows.len() as f64)
+    let correct = classified
+        .iter()
+        .zip(rows)
+        .filter(|(c, r)| c.label == r.label)
+        .count();
+    let scores: Vec<f64> = classified.iter().map(|c| f64::from(c.p_global)).collect();
+    let labels: Vec<bool> = rows.iter().map(|r| r.label == QueryClass::Global).collect();
+    Ok(ClassifierQuality {
+        accuracy: correct as f64 / rows.len() as f64,
+        auroc: crate::linear::auroc(&scores, &labels),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_threshold_separates_the_classes_where_they_meet() {
+        let scored = vec![
+            (0.1, false),
+            (0.15, false),
+            (0.2, true),
+            (0.3, true),
+            (0.05, false),
+        ];
+        assert!((threshold_for(scored) - 0.175).abs() < 1e-12);
+        // One overlap: the best split still misclassifies one query.
+        let scored = vec![
+            (0.1, false),
+            (0.4, false),
+            (0.3, true),
+            (0.6, true),
+            (0.7, true),
+        ];
+        let t = threshold_for(scored);
+        assert!(t > 0.1 && t <= 0.3, "{t}");
+        assert!(is_held_out("template:03", 1));
+    }
 }

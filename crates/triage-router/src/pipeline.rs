@@ -189,7 +189,10 @@ impl Pipeline {
         config.validate()?;
         let classifier: Option<Box<dyn QueryClassifier + Send + Sync>> = match &config.classifier {
             ClassifierSetting::Off => None,
-            ClassifierSetting::ZeroShot => Some(Box::new(ZeroShotClassifier)),
+            ClassifierSetting::ZeroShot => Some(Box::new(ZeroShotClassifier::default())),
+            ClassifierSetting::ZeroShotThreshold(threshold) => Some(Box::new(ZeroShotClassifier {
+                threshold: *threshold,
+            })),
             ClassifierSetting::Learned(path) => Some(Box::new(LearnedClassifier::load(path)?)),
         };
         let gain_policy = match &config.retrieval.gain_policy {

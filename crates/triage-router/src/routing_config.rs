@@ -69,8 +69,11 @@ impl std::str::FromStr for Route {
 pub enum ClassifierSetting {
     #[default]
     Off,
-    /// The router model, zero-shot.
+    /// The router model, zero-shot (global when P(global) ≥ 0.5).
     ZeroShot,
+    /// The router model, zero-shot, with the threshold `triage train classifier
+    /// --zero-shot-model` calibrated on labelled queries.
+    ZeroShotThreshold(f64),
     /// A file written by `triage train classifier`.
     Learned(PathBuf),
 }
