@@ -117,6 +117,35 @@ struct SquadAnswer {
     text: String,
 }
 
+/// The first `num_paragraphs` paragraphs of an article as documents (`<title>#<index>`) and their
+/// answerable questions, each with its paragraph as the gold document.
+fn article_items(article: SquadArticle, num_paragraphs: usize) -> (Vec<Document>, Vec<QaExample>) {
+    let mut documents = Vec::new();
+    let mut answerable = Vec::new();
+    for (i, p) in article
+        .paragraphs
+        .into_iter()
+        .take(num_paragraphs)
+        .enumerate()
+    {
+        let id = format!("{}#{i}", article.title);
+        for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
+            answerable.push(QaExample {
+                id: q.id,
+                question: q.question,
+                answers: q.answers.into_iter().map(|a| a.text).collect(),
+                gold_docs: vec![id.clone()],
+            });
+        }
+        documents.push(Document {
+            id,
+            title: article.title.replace('_', " "),
+            text: p.context,
+        });
+    }
+    (documents, answerable)
+}
+
 /// Every SQuAD v2 dev paragraph as a document (`<title>#<index>`) and `num_questions` answerable
 /// questions spread evenly over the file (every n-th, so all articles are represented).
 pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
@@ -124,22 +153,9 @@ pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
     let mut documents = Vec::new();
     let mut answerable = Vec::new();
     for article in file.data {
-        for (i, p) in article.paragraphs.into_iter().enumerate() {
-            let id = format!("{}#{i}", article.title);
-            for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
-                answerable.push(QaExample {
-                    id: q.id,
-                    question: q.question,
-                    answers: q.answers.into_iter().map(|a| a.text).collect(),
-                    gold_docs: vec![id.clone()],
-                });
-            }
-            documents.push(Document {
-                id,
-                title: article.title.replace('_', " "),
-                text: p.context,
-            });
-        }
+        let (docs, examples) = article_items(article, usize::MAX);
+        documents.extend(docs);
+        answerable.extend(examples);
     }
     let step = (answerable.len() / num_questions.max(1)).max(1);
     let examples = answerable
@@ -178,29 +194,8 @@ pub fn squad_articles(
         if total >= num_questions {
             break;
         }
-        let mut documents = Vec::new();
-        let mut answerable = Vec::new();
-        for (i, p) in article
-            .paragraphs
-            .into_iter()
-            .take(num_paragraphs)
-            .enumerate()
-        {
-            let id = format!("{}#{i}", article.title);
-            for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
-                answerable.push(QaExample {
-                    id: q.id,
-                    question: q.question,
-                    answers: q.answers.into_iter().map(|a| a.text).collect(),
-                    gold_docs: vec![id.clone()],
-                });
-            }
-            documents.push(Document {
-                id,
-                title: article.title.replace('_', " "),
-                text: p.context,
-            });
-        }
+        let title = article.title.clone();
+        let (documents, answerable) = article_items(article, num_paragraphs);
         let take = per_article.min(num_questions - total).min(answerable.len());
         if take == 0 {
             continue;
@@ -209,7 +204,7 @@ pub fn squad_articles(
         let examples: Vec<QaExample> = answerable.into_iter().step_by(step).take(take).collect();
         total += examples.len();
         out.push(ArticleQa {
-            title: article.title,
+            title,
             documents,
             examples,
         });

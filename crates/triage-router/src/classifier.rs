@@ -13,7 +13,7 @@ use triage_retrieval::Embedder;
 
 use crate::error::{Result, RouterError};
 use crate::generator::{Generator, ModelRole};
-use crate::linear::{Frozen, LogisticModel};
+use crate::linear::{freeze, thaw, LogisticModel};
 
 /// What kind of question a query is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,15 +108,11 @@ impl LearnedClassifier {
     }
 
     pub fn save(&self, path: &Path) -> Result<String> {
-        let frozen = Frozen::new(self.model.clone())?;
-        frozen.save(path)?;
-        Ok(frozen.sha256)
+        freeze(&self.model, path)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        Ok(Self {
-            model: Frozen::<LearnedClassifierModel>::load(path)?.model,
-        })
+        Ok(Self { model: thaw(path)? })
     }
 }
 

@@ -10,7 +10,7 @@ use triage_retrieval::RetrievalFeatures;
 
 use crate::answer_span::AnswerSignals;
 use crate::error::Result;
-use crate::linear::{Frozen, LogisticModel};
+use crate::linear::{freeze, thaw, LogisticModel};
 
 /// The inputs, in order.
 pub const INPUTS: [&str; 13] = [
@@ -84,14 +84,10 @@ impl CombinedScore {
     }
 
     pub fn save(&self, path: &Path) -> Result<String> {
-        let frozen = Frozen::new(self.model.clone())?;
-        frozen.save(path)?;
-        Ok(frozen.sha256)
+        freeze(&self.model, path)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        Ok(Self {
-            model: Frozen::<CombinedScoreModel>::load(path)?.model,
-        })
+        Ok(Self { model: thaw(path)? })
     }
 }

@@ -11,7 +11,7 @@ use triage_retrieval::RetrievalFeatures;
 
 use crate::classifier::is_held_out;
 use crate::error::{Result, RouterError};
-use crate::linear::{Frozen, RidgeModel};
+use crate::linear::{freeze, thaw, RidgeModel};
 
 /// The study's ridge penalty.
 pub const RIDGE_PENALTY: f64 = 20.0;
@@ -190,15 +190,11 @@ impl GainPolicy {
 
     /// Freeze to `path`; returns the model's SHA-256.
     pub fn save(&self, path: &Path) -> Result<String> {
-        let frozen = Frozen::new(self.model.clone())?;
-        frozen.save(path)?;
-        Ok(frozen.sha256)
+        freeze(&self.model, path)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
-        Ok(Self {
-            model: Frozen::<GainPolicyModel>::load(path)?.model,
-        })
+        Ok(Self { model: thaw(path)? })
     }
 }
 

@@ -314,6 +314,21 @@ impl<T: Serialize + for<'de> Deserialize<'de>> Frozen<T> {
     }
 }
 
+/// Freeze `model` to `path`; returns its SHA-256.
+pub fn freeze<T: Serialize + Clone + for<'de> Deserialize<'de>>(
+    model: &T,
+    path: &std::path::Path,
+) -> Result<String> {
+    let frozen = Frozen::new(model.clone())?;
+    frozen.save(path)?;
+    Ok(frozen.sha256)
+}
+
+/// Read a model frozen with [`freeze`], refusing it if its hash does not match.
+pub fn thaw<T: Serialize + for<'de> Deserialize<'de>>(path: &std::path::Path) -> Result<T> {
+    Ok(Frozen::<T>::load(path)?.model)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -221,17 +221,7 @@ impl Pipeline {
         events: &mut dyn FnMut(AnswerEvent),
     ) -> Result<Answer> {
         let start = Instant::now();
-        validate(request)?;
-        let mut run = Run {
-            pipeline: self,
-            generator,
-            embedder,
-            corpus,
-            request,
-            events,
-            record: DecisionRecord::new(request.route != Route::Auto),
-        };
-        run.record.estimated_costs = run.estimate_costs()?;
+        let mut run = Run::start(self, generator, embedder, corpus, request, events)?;
         let text = match request.route {
             Route::Auto => run.auto()?,
             Route::None => run.forced_none()?,
@@ -255,18 +245,8 @@ impl Pipeline {
         corpus: &CorpusView<'_>,
         request: &AskRequest,
     ) -> Result<DecisionRecord> {
-        validate(request)?;
         let mut ignore = |_: AnswerEvent| {};
-        let mut run = Run {
-            pipeline: self,
-            generator,
-            embedder,
-            corpus,
-            request,
-            events: &mut ignore,
-            record: DecisionRecord::new(request.route != Route::Auto),
-        };
-        run.record.estimated_costs = run.estimate_costs()?;
+        let mut run = Run::start(self, generator, embedder, corpus, request, &mut ignore)?;
         let forced = match request.route {
             Route::Auto => None,
             Route::None => Some(RoutePath::None),
@@ -339,7 +319,30 @@ struct Run<'p, 'a> {
     record: DecisionRecord,
 }
 
-impl Run<'_, '_> {
+impl<'p, 'a> Run<'p, 'a> {
+    /// Check the request and estimate each path's cost.
+    fn start(
+        pipeline: &'p Pipeline,
+        generator: &'a mut dyn Generator,
+        embedder: &'a dyn Embedder,
+        corpus: &'a CorpusView<'a>,
+        request: &'a AskRequest,
+        events: &'a mut dyn FnMut(AnswerEvent),
+    ) -> Result<Self> {
+        validate(request)?;
+        let mut run = Run {
+            pipeline,
+            generator,
+            embedder,
+            corpus,
+            request,
+            events,
+            record: DecisionRecord::new(request.route != Route::Auto),
+        };
+        run.record.estimated_costs = run.estimate_costs()?;
+        Ok(run)
+    }
+
     fn config(&self) -> &RoutingConfig {
         &self.pipeline.config
     }

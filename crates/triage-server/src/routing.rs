@@ -276,6 +276,12 @@ impl RoutingService {
         })
     }
 
+    fn write_lock(&self) -> Result<std::sync::MutexGuard<'_, ()>, RoutingError> {
+        self.writing
+            .lock()
+            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))
+    }
+
     fn generator(&self) -> WorkerGenerator<'_> {
         WorkerGenerator { roles: &self.roles }
     }
@@ -295,10 +301,7 @@ impl RoutingService {
         if let Some(loaded) = self.cached(name)? {
             return Ok(loaded);
         }
-        let _guard = self
-            .writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))?;
+        let _guard = self.write_lock()?;
         if let Some(loaded) = self.cached(name)? {
             return Ok(loaded);
         }
@@ -330,10 +333,7 @@ impl RoutingService {
 
     /// Open `name` from the store (it must exist) and pin its long-context prefix.
     pub fn load_corpus(&self, name: &str) -> Result<CorpusSummary, RoutingError> {
-        let _guard = self
-            .writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))?;
+        let _guard = self.write_lock()?;
         self.reload(name)
     }
 
@@ -416,10 +416,7 @@ impl RoutingService {
         name: &str,
         documents: &[Document],
     ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self
-            .writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))?;
+        let _guard = self.write_lock()?;
         if self.store.list()?.iter().any(|n| n == name) {
             return Err(RoutingError::Invalid(format!(
                 "corpus {name:?} already exists"
@@ -434,10 +431,7 @@ impl RoutingService {
         name: &str,
         documents: &[Document],
     ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self
-            .writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))?;
+        let _guard = self.write_lock()?;
         self.loaded_locked(name)?;
         self.change(name, documents, &[])
     }
@@ -448,10 +442,7 @@ impl RoutingService {
         name: &str,
         ids: &[String],
     ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self
-            .writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))?;
+        let _guard = self.write_lock()?;
         let loaded = self.loaded_locked(name)?;
         if let Some(missing) = ids
             .iter()
