@@ -25,10 +25,10 @@ use triage_engine::EngineSet;
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 use triage_retrieval::{BertEmbedder, Corpus, CorpusStore, Embedder};
-use triage_router::long_context::{corpus_text, LongContextPrompt};
+use triage_router::long_context::{prepare_long_context, LongContextPrompt};
 use triage_router::{
-    Answer, AnswerEvent, AskRequest, CorpusView, Generator, ModelRole, PinnedPrefix, Pipeline,
-    RoleEngines, RoutingConfig,
+    Answer, AnswerEvent, AskRequest, CorpusView, Generator, ModelRole, Pipeline, RoleEngines,
+    RoutingConfig,
 };
 
 /// Errors of the library API.
@@ -138,9 +138,6 @@ pub struct CorpusInfo {
     pub long_context_unavailable: Option<String>,
 }
 
-/// Tokens kept free after a corpus prefix for the question and the answer.
-const QUESTION_HEADROOM: usize = 256;
-
 /// Models, corpora and the routing pipeline in one process.
 pub struct Engine {
     models: RoleEngines,
@@ -246,7 +243,12 @@ impl Engine {
                     .unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
             }
         }
-        let (long_context, pinned) = self.prepare_long_context(&corpus)?;
+        let (long_context, pinned) = prepare_long_context(
+            &mut self.models,
+            &corpus,
+            &self.pipeline.config,
+            &self.prefix_dir,
+        )?;
         let info = CorpusInfo {
             name: corpus.name.clone(),
             num_documents: corpus.num_documents(),
@@ -264,41 +266,6 @@ impl Engine {
             },
         );
         Ok(info)
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn prepare_long_context(
-        &mut self,
-        corpus: &Corpus,
-    ) -> Result<(
-        std::result::Result<LongContextPrompt, String>,
-        Option<PinnedPrefix>,
-    )> {
-        if !self.pipeline.config.allows(triage_router::RoutePath::Lc) {
-            return Ok((Err("the lc path is not allowed".into()), None));
-        }
-        let model = self.models.model(ModelRole::LongContext)?;
-        let lc = LongContextPrompt::new(&model, &corpus_text(corpus))?;
-        let limit = model.context_length();
-        let needed = lc.prefix.len() + QUESTION_HEADROOM + self.pipeline.config.lc_max_tokens;
-        if needed > limit {
-            let why = format!(
-                "the corpus is {} tokens; with the question and answer it needs {needed}, the \
-                 long-context model holds {limit}",
-                lc.prefix.len()
-            );
-            return Ok((Err(why), None));
-        }
-        std::fs::create_dir_all(&self.prefix_dir)
-            .map_err(|e| Error::Config(format!("creating {}: {e}", self.prefix_dir.display())))?;
-        match self
-            .models
-            .pin_prefix(ModelRole::LongContext, &lc.prefix, Some(&self.prefix_dir))
-        {
-            Ok(pinned) => Ok((Ok(lc), Some(pinned))),
-            // A pool too small for the prefix leaves the corpus answerable by RAG only.
-            Err(e) => Ok((Err(format!("pinning the corpus prefix failed: {e}")), None)),
-        }
     }
 
     /// Names of the loaded corpora.

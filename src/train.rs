@@ -190,8 +190,8 @@ pub fn train_gain_policy(
             generator: None,
             backend: None,
         };
-        let features = retriever.dense_features(&ex.question)?;
         let vector = embedder.embed(&[ex.question.as_str()])?.remove(0);
+        let features = retriever.dense_features(&ex.question, Some(&vector))?;
         let search = |mode| {
             let options = SearchOptions {
                 mode,

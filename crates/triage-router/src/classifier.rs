@@ -400,6 +400,20 @@ mod tests {
         ];
         let t = threshold_for(scored);
         assert!(t > 0.1 && t <= 0.3, "{t}");
-        assert!(is_held_out("template:03", 1));
+    }
+
+    #[test]
+    fn held_out_groups_are_a_stable_fifth() {
+        let held: Vec<bool> = (0..1000)
+            .map(|i| is_held_out(&format!("g{i}"), 5))
+            .collect();
+        let n = held.iter().filter(|&&h| h).count();
+        assert!((150..250).contains(&n), "{n} of 1000 held out");
+        assert_eq!(
+            held,
+            (0..1000)
+                .map(|i| is_held_out(&format!("g{i}"), 5))
+                .collect::<Vec<_>>()
+        );
     }
 }

@@ -4,12 +4,58 @@
 //! cache when the corpus is loaded; an escalation then prefills only the question.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use triage_models::chat_template::ChatMessage;
 use triage_models::model::Model;
 use triage_retrieval::Corpus;
 
 use crate::error::{Result, RouterError};
+use crate::generator::{Generator, ModelRole, PinnedPrefix};
+use crate::routing_config::{RoutePath, RoutingConfig};
+
+/// Tokens kept free after a corpus prefix for the question and the answer.
+pub const QUESTION_HEADROOM: usize = 256;
+
+/// A corpus's long-context form, or why it has none.
+pub type LongContextOrWhy = std::result::Result<LongContextPrompt, String>;
+
+/// Prepare `corpus` for the long-context model and pin its prefix there (persisted under
+/// `prefix_dir`). When the lc path is not allowed, the corpus is empty or too long for the model,
+/// or the pool cannot hold the prefix, the corpus is still answerable by RAG: the reason comes
+/// back in place of the prompt.
+pub fn prepare_long_context(
+    generator: &mut dyn Generator,
+    corpus: &Corpus,
+    config: &RoutingConfig,
+    prefix_dir: &Path,
+) -> Result<(LongContextOrWhy, Option<PinnedPrefix>)> {
+    if !config.allows(RoutePath::Lc) {
+        return Ok((Err("the lc path is not allowed".into()), None));
+    }
+    if corpus.chunks().is_empty() {
+        return Ok((Err("the corpus is empty".into()), None));
+    }
+    let model = generator.model(ModelRole::LongContext)?;
+    let lc = LongContextPrompt::new(&model, &corpus_text(corpus))?;
+    let limit = model.context_length();
+    let needed = lc.prefix.len() + QUESTION_HEADROOM + config.lc_max_tokens;
+    if needed > limit {
+        let why = format!(
+            "the corpus is {} tokens; with the question and answer it needs {needed}, the \
+             long-context model holds {limit}",
+            lc.prefix.len()
+        );
+        return Ok((Err(why), None));
+    }
+    std::fs::create_dir_all(prefix_dir)
+        .map_err(|e| RouterError::Invalid(format!("creating {}: {e}", prefix_dir.display())))?;
+    match generator.pin_prefix(ModelRole::LongContext, &lc.prefix, Some(prefix_dir)) {
+        Ok(pinned) => Ok((Ok(lc), Some(pinned))),
+        // A pool too small for the prefix leaves the corpus answerable by RAG only.
+        Err(e) => Ok((Err(format!("pinning the corpus prefix failed: {e}")), None)),
+    }
+}
 
 const SYSTEM: &str = "You answer questions about the documents the user provides. Answer with \
 the answer only, in a few words, taken from the documents.";

@@ -178,9 +178,17 @@ enum Plan {
 /// What the RAG stage produced.
 struct RagOutcome {
     generated: Generated,
-    decision: Decision,
-    declined: bool,
-    monitor: SpanMonitor,
+    /// Why the answer should be escalated; `None` when it is accepted.
+    escalation: Option<String>,
+}
+
+/// The path a RAG answer takes.
+fn rag_path(hybrid: bool) -> RoutePath {
+    if hybrid {
+        RoutePath::Hybrid
+    } else {
+        RoutePath::Rag
+    }
 }
 
 impl Pipeline {
@@ -461,11 +469,7 @@ impl<'p, 'a> Run<'p, 'a> {
                 self.record.reason = reason;
             }
             Plan::Rag { hybrid } => {
-                self.record.path = if hybrid {
-                    RoutePath::Hybrid
-                } else {
-                    RoutePath::Rag
-                };
+                self.record.path = rag_path(hybrid);
                 self.record.reason = if self.lc_available() {
                     "retrieval first; the entropy monitor may still escalate to lc".into()
                 } else {
@@ -489,44 +493,13 @@ impl<'p, 'a> Run<'p, 'a> {
         };
         let can_escalate = self.lc_available();
         let outcome = self.rag(hybrid, can_escalate)?;
-        let path = if hybrid {
-            RoutePath::Hybrid
-        } else {
-            RoutePath::Rag
-        };
-        let escalate = matches!(outcome.decision, Decision::Escalate { .. }) || outcome.declined;
-        if !escalate {
+        let Some(why) = outcome.escalation else {
+            let mean = self.record.monitor.as_ref().and_then(|m| m.mean);
             self.record.reason = format!(
                 "the RAG answer's entropy stayed within τ (mean {})",
-                outcome
-                    .monitor
-                    .span_mean()
-                    .map_or("n/a".into(), |m| format!("{m:.3}"))
+                mean.map_or("n/a".into(), |m| format!("{m:.3}"))
             );
             return Ok(outcome.generated.text);
-        }
-        let p_wrong = self
-            .record
-            .monitor
-            .as_ref()
-            .and_then(|m| m.combined_p_wrong.zip(m.combined_threshold));
-        let no_content = self
-            .record
-            .monitor
-            .as_ref()
-            .is_some_and(|m| !m.in_answer_span.contains(&true));
-        let why = if outcome.declined {
-            "the base model said the context is insufficient".to_string()
-        } else if no_content {
-            "the RAG answer has no answer content".to_string()
-        } else if let Some((p, threshold)) = p_wrong {
-            format!("the combined score puts P(wrong) at {p:.3} ≥ {threshold}")
-        } else {
-            format!(
-                "the RAG answer's mean entropy exceeded τ = {} by step {}",
-                self.tau(),
-                outcome.monitor.decided_at.unwrap_or(0)
-            )
         };
         if can_escalate {
             return self.long_context(&format!("escalated: {why}"));
@@ -535,9 +508,8 @@ impl<'p, 'a> Run<'p, 'a> {
             Err(e) => e.clone(),
             Ok(_) => "the lc path is not allowed".into(),
         };
-        // Without an escalation path `rag` streamed the answer as it came.
+        // Without an escalation path `rag` streamed the answer as it came and recorded its path.
         self.record.reason = format!("{why}, but escalation is unavailable ({unavailable})");
-        self.record.path = path;
         Ok(outcome.generated.text)
     }
 
@@ -616,7 +588,7 @@ impl<'p, 'a> Run<'p, 'a> {
 
     fn forced_rag(&mut self, hybrid: bool) -> Result<String> {
         let outcome = self.rag(hybrid, false)?;
-        self.record.reason = format!("route forced to {}", if hybrid { "hybrid" } else { "rag" });
+        self.record.reason = format!("route forced to {}", rag_path(hybrid).as_str());
         Ok(outcome.generated.text)
     }
 
@@ -637,7 +609,7 @@ impl<'p, 'a> Run<'p, 'a> {
             generator: None,
             backend: self.corpus.backend,
         };
-        let features = retriever.dense_features(&self.request.question)?;
+        let features = retriever.dense_features(&self.request.question, None)?;
         let decision = policy.decide(&features)?;
         let prices = self.config().prices;
         self.record
@@ -649,10 +621,7 @@ impl<'p, 'a> Run<'p, 'a> {
             features: Some(features),
             gain_policy: Some(decision),
         });
-        Ok(
-            decision.run_hybrid && self.config().allows(RoutePath::Hybrid)
-                || !self.config().allows(RoutePath::Rag),
-        )
+        Ok(decision.run_hybrid || !self.config().allows(RoutePath::Rag))
     }
 
     fn retrieve(&mut self, hybrid: bool) -> Result<Vec<Hit>> {
@@ -690,7 +659,8 @@ impl<'p, 'a> Run<'p, 'a> {
                 generator: None,
                 backend: self.corpus.backend,
             };
-            found.features = Some(dense.dense_features(&self.request.question)?);
+            let vector = found.query_vector.as_deref();
+            found.features = Some(dense.dense_features(&self.request.question, vector)?);
         }
         let prices = self.config().prices;
         // Base-model tokens of reranking and pseudo-passages are not itemised by the retriever;
@@ -752,11 +722,7 @@ impl<'p, 'a> Run<'p, 'a> {
             self.max_tokens(self.config().rag_max_tokens),
             2,
         );
-        let path = if hybrid {
-            RoutePath::Hybrid
-        } else {
-            RoutePath::Rag
-        };
+        let path = rag_path(hybrid);
         let mut held = String::new();
         let mut released = !can_escalate;
         let mut streamed = 0;
@@ -828,6 +794,23 @@ impl<'p, 'a> Run<'p, 'a> {
             };
         }
         let accepted = decision == Decision::Accept && !declined;
+        let escalation = (!accepted).then(|| {
+            if declined {
+                "the base model said the context is insufficient".to_string()
+            } else if no_content {
+                "the RAG answer has no answer content".to_string()
+            } else if let (Some(p), Some(c)) = (p_wrong, combined) {
+                format!(
+                    "the combined score puts P(wrong) at {p:.3} ≥ {}",
+                    c.model.threshold
+                )
+            } else {
+                format!(
+                    "the RAG answer's mean entropy exceeded τ = {tau} by step {}",
+                    span.decided_at.unwrap_or(0)
+                )
+            }
+        });
         if accepted || !can_escalate {
             if !released {
                 self.announce(path);
@@ -867,9 +850,7 @@ impl<'p, 'a> Run<'p, 'a> {
         });
         Ok(RagOutcome {
             generated,
-            decision,
-            declined,
-            monitor: span,
+            escalation,
         })
     }
 

@@ -64,6 +64,8 @@ pub struct Retrieval {
     pub features: Option<RetrievalFeatures>,
     /// The passage the model wrote, in dual mode.
     pub pseudo_passage: Option<String>,
+    /// The question's embedding, when the search needed one (for callers that search again).
+    pub query_vector: Option<Vec<f32>>,
 }
 
 /// Searches one corpus with its embedder; `generator`'s base model writes pseudo-passages and
@@ -97,8 +99,16 @@ impl Retriever<'_> {
 
     /// The six features with no reranker: the reranked order is the dense order itself (the
     /// two agreement features are then constant, and a policy fitted this way ignores them).
-    pub fn dense_features(&mut self, query: &str) -> Result<RetrievalFeatures> {
-        let vector = self.embed(query)?;
+    /// `vector` is the question's embedding when the caller has it already.
+    pub fn dense_features(
+        &mut self,
+        query: &str,
+        vector: Option<&[f32]>,
+    ) -> Result<RetrievalFeatures> {
+        let vector = match vector {
+            Some(v) => v.to_vec(),
+            None => self.embed(query)?,
+        };
         let options = SearchOptions {
             mode: SearchMode::Dense,
             k: FEATURE_DEPTH,
@@ -189,6 +199,7 @@ impl Retriever<'_> {
                     hits,
                     features: None,
                     pseudo_passage,
+                    query_vector: vector,
                 });
             }
             RerankWith::Llm => {
@@ -214,6 +225,7 @@ impl Retriever<'_> {
             hits,
             features: Some(features),
             pseudo_passage,
+            query_vector: vector,
         })
     }
 }

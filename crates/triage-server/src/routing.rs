@@ -14,16 +14,13 @@ use triage_engine::llm_engine::{PrefixSource, StreamEvent};
 use triage_models::model::Model;
 use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document};
 use triage_router::decision::DecisionRecord;
-use triage_router::long_context::{corpus_text, LongContextPrompt};
+use triage_router::long_context::{prepare_long_context, LongContextPrompt};
 use triage_router::{
     Answer, AnswerEvent, AskRequest, CorpusView, Generated, Generator, ModelRole, PinnedPrefix,
     Pipeline, RouterError, RoutingConfig,
 };
 
 use crate::worker::EngineWorker;
-
-/// Tokens kept free after a corpus prefix for the question and the answer.
-const QUESTION_HEADROOM: usize = 256;
 
 /// Why a pipeline call failed.
 #[derive(Debug, thiserror::Error)]
@@ -341,7 +338,12 @@ impl RoutingService {
     /// unchanged corpus keeps its cached blocks.
     fn reload(&self, name: &str) -> Result<CorpusSummary, RoutingError> {
         let corpus = self.store.open(name)?;
-        let (long_context, pinned) = self.prepare_long_context(&corpus)?;
+        let (long_context, pinned) = prepare_long_context(
+            &mut self.generator(),
+            &corpus,
+            &self.pipeline.config,
+            &self.prefix_dir,
+        )?;
         let loaded = Arc::new(LoadedCorpus {
             corpus,
             long_context,
@@ -363,39 +365,6 @@ impl RoutingService {
             }
         }
         Ok(summary)
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn prepare_long_context(
-        &self,
-        corpus: &Corpus,
-    ) -> Result<(Result<LongContextPrompt, String>, Option<PinnedPrefix>), RoutingError> {
-        if !self.pipeline.config.allows(triage_router::RoutePath::Lc) {
-            return Ok((Err("the lc path is not allowed".into()), None));
-        }
-        if corpus.chunks().is_empty() {
-            return Ok((Err("the corpus is empty".into()), None));
-        }
-        let mut generator = self.generator();
-        let model = generator.model(ModelRole::LongContext)?;
-        let lc = LongContextPrompt::new(&model, &corpus_text(corpus))?;
-        let needed = lc.prefix.len() + QUESTION_HEADROOM + self.pipeline.config.lc_max_tokens;
-        if needed > model.context_length() {
-            let why = format!(
-                "the corpus is {} tokens; with the question and answer it needs {needed}, the \
-                 long-context model holds {}",
-                lc.prefix.len(),
-                model.context_length()
-            );
-            return Ok((Err(why), None));
-        }
-        std::fs::create_dir_all(&self.prefix_dir).map_err(|e| {
-            RoutingError::Internal(format!("creating {}: {e}", self.prefix_dir.display()))
-        })?;
-        match generator.pin_prefix(ModelRole::LongContext, &lc.prefix, Some(&self.prefix_dir)) {
-            Ok(pinned) => Ok((Ok(lc), Some(pinned))),
-            Err(e) => Ok((Err(format!("pinning the corpus prefix failed: {e}")), None)),
-        }
     }
 
     /// The loaded corpora.
