@@ -26,6 +26,7 @@ use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 use triage_retrieval::{BertEmbedder, Corpus, CorpusStore, Embedder};
 use triage_router::long_context::{prepare_long_context, LongContextPrompt};
+use triage_router::routing_config::ClassifierSetting;
 use triage_router::{
     Answer, AnswerEvent, AskRequest, CorpusView, Generator, ModelRole, Pipeline, RoleEngines,
     RoutingConfig,
@@ -110,6 +111,25 @@ impl TriageConfig {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string()))
     }
 
+    /// The file at `path` (or the defaults) with the command line's model overrides.
+    pub fn load_with(
+        path: Option<&Path>,
+        base: Option<&str>,
+        long_context: Option<&str>,
+    ) -> Result<Self> {
+        let mut config = match path {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        if let Some(base) = base {
+            config.models.base = base.to_string();
+        }
+        if let Some(lc) = long_context {
+            config.models.long_context = lc.to_string();
+        }
+        Ok(config)
+    }
+
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
@@ -180,7 +200,7 @@ impl Engine {
         ];
         let needs_router = matches!(
             config.routing.classifier,
-            triage_router::routing_config::ClassifierSetting::ZeroShot
+            ClassifierSetting::ZeroShot | ClassifierSetting::ZeroShotThreshold(_)
         );
         let mut assigned = Vec::new();
         for (role, name) in roles {
@@ -275,6 +295,34 @@ impl Engine {
 
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
+    }
+
+    /// Route the next questions with other settings (the evaluation harness runs several
+    /// systems over one set of loaded models). A zero-shot classifier needs the router model,
+    /// which is loaded only when the engine's first settings asked for it.
+    pub fn set_routing(&mut self, routing: RoutingConfig) -> Result<()> {
+        let zero_shot = matches!(
+            routing.classifier,
+            ClassifierSetting::ZeroShot | ClassifierSetting::ZeroShotThreshold(_)
+        );
+        if zero_shot && self.models.model(ModelRole::Router).is_err() {
+            return Err(Error::Config(
+                "a zero-shot classifier needs the router model: start the engine with it".into(),
+            ));
+        }
+        self.pipeline = Pipeline::new(routing)?;
+        Ok(())
+    }
+
+    /// The number of tokens of `text` for the long-context model (what corpus lengths are
+    /// measured in).
+    pub fn count_tokens(&self, text: &str) -> Result<usize> {
+        let model = self.models.model(ModelRole::LongContext)?;
+        let ids = model
+            .tokenizer
+            .encode(text, false, false)
+            .map_err(triage_router::RouterError::from)?;
+        Ok(ids.len())
     }
 
     /// Answer one question.

@@ -147,7 +147,20 @@ const GATE_SYSTEM: &str = "Answer the question with the answer only, in a few wo
 const RAG_SYSTEM: &str = "Answer the question using only the context. Reply with the answer \
 only, in a few words.";
 
-fn rag_user(question: &str, hits: &[Hit], self_route: bool) -> String {
+/// The decline instructions of the RAG and the long-context prompts.
+const RAG_DECLINE: &str = "If the context does not contain the answer, reply exactly:";
+const LC_DECLINE: &str = "If the documents do not contain the answer, reply exactly:";
+
+/// The question, with the instruction to decline when `decline` is set.
+fn question_text(question: &str, decline: bool, instruction: &str) -> String {
+    if decline {
+        format!("{}\n{instruction} {UNANSWERABLE}", question.trim())
+    } else {
+        question.trim().to_string()
+    }
+}
+
+fn rag_user(question: &str, hits: &[Hit], decline: bool) -> String {
     let mut context = String::new();
     for (i, h) in hits.iter().enumerate() {
         context.push_str(&format!(
@@ -157,14 +170,9 @@ fn rag_user(question: &str, hits: &[Hit], self_route: bool) -> String {
             h.chunk.text.trim()
         ));
     }
-    let decline = if self_route {
-        format!("\nIf the context does not contain the answer, reply exactly: {UNANSWERABLE}")
-    } else {
-        String::new()
-    };
     format!(
-        "Context:\n\n{context}Question: {}{decline}",
-        question.trim()
+        "Context:\n\n{context}Question: {}",
+        question_text(question, decline, RAG_DECLINE)
     )
 }
 
@@ -696,6 +704,15 @@ impl<'p, 'a> Run<'p, 'a> {
         let base = self.generator.model(ModelRole::Base)?;
         let tau = self.tau();
         let combined = self.pipeline.combined.as_ref();
+        if let Some(c) = &settings.calibration {
+            if c.model != base.name {
+                return Err(RouterError::Invalid(format!(
+                    "τ was calibrated on {:?}, the base model is {:?}: run triage calibrate \
+                     for this model",
+                    c.model, base.name
+                )));
+            }
+        }
         if let Some(c) = combined {
             if c.model.model_id != base.name {
                 return Err(RouterError::Invalid(format!(
@@ -713,11 +730,18 @@ impl<'p, 'a> Run<'p, 'a> {
             settings.unit,
         )?;
         let mut span = SpanMonitor::new(AnswerSpanFilter::new(&settings.preambles), monitor);
-        let self_route = settings.self_route && can_escalate;
+        // A decline escalates when long context can take over (Self-Route, or abstention
+        // allowed: only long context sees everything); otherwise, with abstention allowed, it is
+        // the answer.
+        let abstain = self.config().abstain;
+        let self_route = (settings.self_route || abstain) && can_escalate;
         let request = greedy(
             Prompt::Chat(vec![
                 ChatMessage::new("system", RAG_SYSTEM),
-                ChatMessage::new("user", rag_user(&self.request.question, &hits, self_route)),
+                ChatMessage::new(
+                    "user",
+                    rag_user(&self.request.question, &hits, self_route || abstain),
+                ),
             ]),
             self.max_tokens(self.config().rag_max_tokens),
             2,
@@ -869,7 +893,10 @@ impl<'p, 'a> Run<'p, 'a> {
         let started = Instant::now();
         let model = self.generator.model(ModelRole::LongContext)?;
         let request = greedy(
-            Prompt::Tokens(lc.tokens(&model, &self.request.question)?),
+            Prompt::Tokens(lc.tokens(
+                &model,
+                &question_text(&self.request.question, self.config().abstain, LC_DECLINE),
+            )?),
             self.max_tokens(self.config().lc_max_tokens),
             0,
         );

@@ -146,6 +146,34 @@ pub struct MonitorSettings {
     /// answer's signals and the retrieval features decides escalation instead of τ, once the
     /// answer is complete.
     pub combined_score: Option<PathBuf>,
+    /// Where τ came from, when `triage calibrate` chose it: τ only holds for the model,
+    /// estimator, unit and window it was calibrated with.
+    pub calibration: Option<Calibration>,
+}
+
+/// How `triage calibrate` chose τ, and what it measured on the dev split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// The base model τ was calibrated on.
+    pub model: String,
+    pub estimator: EntropyEstimator,
+    pub unit: EntropyUnit,
+    pub window: usize,
+    pub suite: String,
+    pub split: String,
+    pub queries: usize,
+    /// SHA-256 of the dev examples (ids, questions and gold answers).
+    pub data_sha256: String,
+    /// How τ was picked ("elbow", "min-accuracy 0.70", ...).
+    pub rule: String,
+    /// Dev metrics at τ.
+    pub accuracy: f64,
+    pub rag_accuracy: f64,
+    pub lc_accuracy: f64,
+    pub escalation_rate: f64,
+    pub accuracy_retained: f64,
+    pub token_reduction: f64,
 }
 
 /// What a Self-Route answer says when the context is insufficient.
@@ -162,6 +190,7 @@ impl Default for MonitorSettings {
             self_route: true,
             stop_on_escalate: true,
             combined_score: None,
+            calibration: None,
         }
     }
 }
@@ -243,6 +272,9 @@ pub struct RoutingConfig {
     pub monitor: MonitorSettings,
     /// Paths the router may take (forced routes ignore this).
     pub actions: Vec<RoutePath>,
+    /// Let the answering models reply "unanswerable" when the documents lack the answer (RAG
+    /// then escalates when it can; long context's abstention is final).
+    pub abstain: bool,
     pub prices: Prices,
     /// Generation caps per path.
     pub gate_max_tokens: usize,
@@ -263,6 +295,7 @@ impl Default for RoutingConfig {
                 RoutePath::Hybrid,
                 RoutePath::Lc,
             ],
+            abstain: false,
             prices: Prices::default(),
             gate_max_tokens: 32,
             rag_max_tokens: 64,
@@ -292,6 +325,16 @@ impl RoutingConfig {
         }
         if self.gate_max_tokens == 0 || self.rag_max_tokens == 0 || self.lc_max_tokens == 0 {
             return bad("the routing max_tokens settings must be at least 1");
+        }
+        if let Some(c) = &self.monitor.calibration {
+            let m = &self.monitor;
+            if (c.estimator, c.unit, c.window) != (m.estimator, m.unit, m.window) {
+                return Err(RouterError::Invalid(format!(
+                    "routing.monitor.tau was calibrated with estimator {:?}, unit {:?}, window {} \
+                     but the monitor uses {:?}, {:?}, {}: recalibrate or restore them",
+                    c.estimator, c.unit, c.window, m.estimator, m.unit, m.window
+                )));
+            }
         }
         if !matches!(
             self.monitor.estimator,

@@ -60,6 +60,7 @@ struct Scripted {
     /// (kind, tokens produced, max_tokens) of every request.
     calls: Vec<(Call, usize)>,
     rag_prompts: Vec<String>,
+    lc_prompts: Vec<Vec<u32>>,
 }
 
 impl Scripted {
@@ -76,6 +77,7 @@ impl Scripted {
             lc: vec![("Paris", 0.05)],
             calls: Vec::new(),
             rag_prompts: Vec::new(),
+            lc_prompts: Vec::new(),
         }
     }
 
@@ -98,10 +100,10 @@ impl Generator for Scripted {
         let mut out = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             let call = kind(request);
-            if call == Call::Rag {
-                if let Prompt::Chat(m) = &request.prompt {
-                    self.rag_prompts.push(m[1].content.clone());
-                }
+            match &request.prompt {
+                Prompt::Chat(m) if call == Call::Rag => self.rag_prompts.push(m[1].content.clone()),
+                Prompt::Tokens(t) => self.lc_prompts.push(t.clone()),
+                _ => {}
             }
             let script = match call {
                 Call::Gate => &self.gate,
@@ -402,6 +404,44 @@ fn a_declined_answer_escalates_even_when_sure() {
     );
     assert!(g.rag_prompts[0].contains("reply exactly: unanswerable"));
     assert!(out.answer.decision.reason.contains("insufficient"));
+}
+
+#[test]
+fn with_abstention_long_context_may_decline_and_a_rag_decline_is_final_only_without_it() {
+    let f = fixture();
+    let q = "Who wrote the tide tables?";
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    g.lc = vec![("unanswerable", 0.01)];
+    let mut c = config();
+    c.abstain = true;
+    c.monitor.self_route = false;
+    // Auto: the RAG decline escalates (only long context sees everything), whose abstention
+    // is the answer; both prompts carry the instruction.
+    let out = ask(&f, &mut g, c.clone(), question(q), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(out.answer.text, "unanswerable");
+    assert!(g.rag_prompts[0].ends_with("reply exactly: unanswerable"));
+    let with_clause =
+        format!("{q}\nIf the documents do not contain the answer, reply exactly: unanswerable");
+    assert_eq!(
+        g.lc_prompts[0],
+        f.lc.tokens(&f.model, &with_clause).unwrap()
+    );
+    // Forced RAG cannot escalate: its decline is the answer.
+    let mut request = question(q);
+    request.route = Route::Rag;
+    let out = ask(&f, &mut g, c.clone(), request, true).unwrap();
+    assert_eq!(
+        (out.answer.decision.path, out.answer.text.as_str()),
+        (RoutePath::Rag, "Unanswerable.")
+    );
+    assert!(g.rag_prompts[1].ends_with("reply exactly: unanswerable"));
+    // Without abstention, the long-context prompt is the plain question.
+    let mut request = question(q);
+    request.route = Route::Lc;
+    ask(&f, &mut g, config(), request, true).unwrap();
+    assert_eq!(g.lc_prompts[1], f.lc.tokens(&f.model, q).unwrap());
 }
 
 #[test]
