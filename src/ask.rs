@@ -27,16 +27,11 @@ pub struct AskCommand {
 /// The engine config of `cmd`: its file (or the defaults) with the overrides applied, loading
 /// only the asked corpus.
 pub fn config_for(cmd: &AskCommand) -> Result<TriageConfig> {
-    let mut config = match &cmd.config {
-        Some(path) => TriageConfig::from_file(path)?,
-        None => TriageConfig::default(),
-    };
-    if let Some(base) = &cmd.base {
-        config.models.base = base.clone();
-    }
-    if let Some(lc) = &cmd.long_context {
-        config.models.long_context = lc.clone();
-    }
+    let mut config = TriageConfig::load_with(
+        cmd.config.as_deref(),
+        cmd.base.as_deref(),
+        cmd.long_context.as_deref(),
+    )?;
     config.corpora = vec![cmd.corpus.clone()];
     Ok(config)
 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
+use triage_eval::datasets::{self, QaDataset, QaExample};
 use triage_retrieval::metrics::{hit_at, recall_at, reciprocal_rank, unique_documents};
 use triage_retrieval::{
     rerank, BertEmbedder, CachedReranker, ChunkerConfig, Corpus, CorpusStore, Embedder, Hit,
@@ -14,7 +15,7 @@ use triage_retrieval::{
 };
 use triage_router::{write_pseudo_passages, LlmReranker, PSEUDO_PASSAGE_TOKENS};
 
-use crate::datasets::{self, QaDataset, QaExample};
+use crate::resolve::data_file;
 
 /// Cut-offs reported.
 pub const KS: [usize; 3] = [2, 5, 10];
@@ -78,8 +79,8 @@ type Rankings = Vec<Vec<String>>;
 /// The first `questions` questions of `hotpotqa` or `squad` with their corpus.
 pub fn load_dataset(dataset: &str, questions: usize) -> Result<QaDataset> {
     match dataset {
-        "hotpotqa" => datasets::hotpotqa(&datasets::data_file("hotpotqa.json")?, questions),
-        "squad" => datasets::squad(&datasets::data_file("squad.json")?, questions),
+        "hotpotqa" => Ok(datasets::hotpotqa(&data_file("hotpotqa.json")?, questions)?),
+        "squad" => Ok(datasets::squad(&data_file("squad.json")?, questions)?),
         other => bail!("unknown data set {other:?}: use hotpotqa or squad"),
     }
 }

@@ -13,8 +13,8 @@ use triage_router::combined_score::{self, CombinedScore};
 use triage_router::linear::{auroc, LogisticModel};
 
 use crate::engine::{Engine, TriageConfig};
-use crate::qa_metrics::{contains_answer, exact_match, f1};
 use crate::{Answer, AskRequest, Route, RoutePath};
+use triage_eval::scoring::{contains_answer, exact_match, f1};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -211,8 +211,8 @@ fn ask(engine: &mut Engine, question: &str, route: Route, tau: Option<f32>) -> R
 }
 
 pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
-    let articles = crate::datasets::squad_articles(
-        &crate::datasets::data_file("squad.json")?,
+    let articles = triage_eval::datasets::squad_articles(
+        &crate::resolve::data_file("squad.json")?,
         config.paragraphs,
         config.per_article,
         config.questions,

@@ -40,11 +40,88 @@ enum Command {
         #[command(subcommand)]
         command: TrainCommand,
     },
+    /// Evaluate systems on a suite: results.jsonl (resumable), report.md, report.json and
+    /// figures (PNG and SVG).
+    Eval(EvalArgs),
+    /// Choose τ on a suite's dev split and write it to a routing TOML the engine and the
+    /// server read.
+    Calibrate(CalibrateArgs),
     /// Benchmarks through the batching engine.
     Bench {
         #[command(subcommand)]
         command: BenchCommand,
     },
+}
+
+/// What both `eval` and `calibrate` take.
+#[derive(clap::Args)]
+struct SuiteArgs {
+    /// kv-retrieval, kv-litm, passkey, niah, squad-v2, hotpotqa or synth-summary.
+    #[arg(long)]
+    suite: String,
+    /// Queries in all.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Target corpus length of each group, in the long-context model's tokens.
+    #[arg(long, default_value_t = triage::eval::DEFAULT_CONTEXT_TOKENS)]
+    context_tokens: usize,
+    /// Engine TOML: models by role and the [routing] settings the systems start from.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Model overrides (name or path).
+    #[arg(long)]
+    base: Option<String>,
+    #[arg(long)]
+    long_context: Option<String>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct EvalArgs {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// Comma-separated: none, rag, hybrid, lc, edar, dtr, self-route, oracle.
+    #[arg(long, default_value = "none,rag,hybrid,lc,edar,dtr,self-route,oracle")]
+    systems: String,
+    /// Run directory (results.jsonl, report.md, report.json, figures); a rerun resumes it.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    #[arg(long, default_value = "test")]
+    split: String,
+    /// Print the report as JSON instead of Markdown.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// Only dev: τ is never tuned on test.
+    #[arg(long, default_value = "dev")]
+    split: String,
+    /// The routing TOML to write.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Run directory for the rag and lc answers (default $TRIAGE_HOME/eval/calibrate-SUITE-...).
+    #[arg(long)]
+    runs: Option<std::path::PathBuf>,
+    /// Pick the cheapest τ with at least this accuracy when the elbow falls short of it.
+    #[arg(long, conflicts_with = "min_retained")]
+    min_accuracy: Option<f64>,
+    /// The same, as a fraction of long context's accuracy.
+    #[arg(long)]
+    min_retained: Option<f64>,
+    #[arg(long, default_value_t = 0.5)]
+    tau_min: f64,
+    #[arg(long, default_value_t = 2.5)]
+    tau_max: f64,
+    #[arg(long, default_value_t = 0.05)]
+    tau_step: f64,
 }
 
 #[derive(clap::Args)]
@@ -350,8 +427,95 @@ fn run(cli: Cli) -> Result<()> {
             json: args.json,
         }),
         Command::Train { command } => train(command),
+        Command::Eval(args) => eval(args),
+        Command::Calibrate(args) => calibrate(args),
         Command::Bench { command } => bench(command),
     }
+}
+
+fn eval_config(
+    args: SuiteArgs,
+    split: &str,
+    out: std::path::PathBuf,
+    systems: Vec<triage::eval::System>,
+) -> Result<triage::eval::EvalConfig> {
+    let config = triage::TriageConfig::load_with(
+        args.config.as_deref(),
+        args.base.as_deref(),
+        args.long_context.as_deref(),
+    )?;
+    Ok(triage::eval::EvalConfig {
+        suite: args.suite.parse()?,
+        systems,
+        out,
+        limit: args.limit,
+        seed: args.seed,
+        split: split.parse()?,
+        context_tokens: args.context_tokens,
+        edar_classifier: triage::eval::default_edar_classifier(&config.routing),
+        config,
+        quiet: args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    })
+}
+
+fn eval(args: EvalArgs) -> Result<()> {
+    let systems = triage::eval::parse_systems(&args.systems)?;
+    let config = eval_config(args.suite, &args.split, args.out, systems)?;
+    let report = triage::eval::run(&config)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", triage_eval::report::markdown(&report));
+        eprintln!("written to {}", config.out.display());
+    }
+    Ok(())
+}
+
+fn calibrate(args: CalibrateArgs) -> Result<()> {
+    let runs = args.runs.clone().unwrap_or_else(|| {
+        triage_models::paths::triage_home()
+            .join("eval")
+            .join(format!(
+                "calibrate-{}-s{}-c{}",
+                args.suite.suite, args.suite.seed, args.suite.context_tokens
+            ))
+    });
+    let floor = match (args.min_accuracy, args.min_retained) {
+        (Some(a), _) => triage_eval::calibrate::Floor::Accuracy(a),
+        (None, Some(f)) => triage_eval::calibrate::Floor::Retained(f),
+        (None, None) => triage_eval::calibrate::Floor::None,
+    };
+    if !(args.tau_step > 0.0 && args.tau_min <= args.tau_max) {
+        anyhow::bail!("the τ grid needs --tau-step > 0 and --tau-min <= --tau-max");
+    }
+    let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
+    let (chosen, calibration) = triage::eval::calibrate(
+        &config,
+        &args.out,
+        (args.tau_min, args.tau_max, args.tau_step),
+        floor,
+    )?;
+    println!("| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|");
+    for p in &chosen.curve {
+        println!(
+            "| {:.2} | {:.2} | {:.3} | {:.0} | {:.5} |",
+            p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
+        );
+    }
+    println!(
+        "\nτ = {} ({}): accuracy {:.3} (rag {:.3}, lc {:.3}), {:.1}% escalated, {:.1}% of LC's \
+         accuracy at {:.1}% of its tokens; written to {}",
+        chosen.tau,
+        chosen.rule,
+        calibration.accuracy,
+        calibration.rag_accuracy,
+        calibration.lc_accuracy,
+        100.0 * calibration.escalation_rate,
+        100.0 * calibration.accuracy_retained,
+        100.0 * (1.0 - calibration.token_reduction),
+        args.out.display()
+    );
+    Ok(())
 }
 
 fn train(command: TrainCommand) -> Result<()> {

@@ -1,10 +1,23 @@
-//! Turning a model name or path from the user into a file on disk.
+//! Turning a model name or path, or a data set's file name, from the user into a file on disk.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
 use crate::catalog::{self, Format};
+
+/// Where `models fetch --data` puts the evaluation file `file`; an error naming the fetch
+/// command when it is missing.
+pub fn data_file(file: &str) -> Result<PathBuf> {
+    let path = triage_models::paths::data_dir().join(file);
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `triage models fetch --data`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
 
 /// The path of `name_or_path`: a default model's name (it must have been fetched), or a local
 /// GGUF file or safetensors folder.

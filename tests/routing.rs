@@ -5,12 +5,11 @@
 //! squad-normans`): a question answered from the retrieved chunks stays on RAG, and one whose
 //! answer is in the corpus but not in the retrieved chunks escalates and is answered.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::GgmlDType;
 use triage::{AskRequest, Engine, Route, RoutePath, TriageConfig};
-use triage_models::config::Architecture;
-use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_retrieval::{load_documents, ChunkerConfig, CorpusStore, Embedder};
 
 struct Setup {
@@ -46,27 +45,7 @@ fn ingest(setup: &Setup, name: &str, docs: &[triage_retrieval::Document]) {
 
 fn tiny() -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.gguf");
-    // A context long enough for the whole corpus plus a question.
-    let spec = TinySpec {
-        context_length: 4096,
-        ..TinySpec::new(Architecture::Qwen2)
-    };
-    write_tiny_gguf(&model, &spec, GgmlDType::F32).unwrap();
-    let bert = dir.path().join("tiny-bert");
-    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
-    let mut config = TriageConfig::default();
-    let path = |p: &Path| p.to_string_lossy().into_owned();
-    config.models.base = path(&model);
-    config.models.long_context = path(&model);
-    config.models.embedder = path(&bert);
-    config.models.kv_budget = "512blocks".into();
-    config.prefix_dir = Some(dir.path().join("prefixes"));
-    config.routing.rag_max_tokens = 8;
-    config.routing.lc_max_tokens = 4;
-    config.routing.retrieval.k = 2;
-    // RAG must look cheaper than the long context for the router to try it first.
-    config.routing.prices.long_context.cached_prompt = 100.0;
+    let config = common::tiny_config(dir.path());
     let setup = Setup { dir, config };
     let docs: Vec<triage_retrieval::Document> = (0..6)
         .map(|i| triage_retrieval::Document {

@@ -3,17 +3,19 @@
 //! questions, gold = the question's paragraph). Both come with `triage models fetch --data`.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use triage_retrieval::Document;
+
+use crate::error::{io_error, EvalError, Result};
 
 /// One question with its reference answers and the ids of the documents that hold the evidence.
 #[derive(Debug, Clone)]
 pub struct QaExample {
     pub id: String,
     pub question: String,
+    /// Empty for an unanswerable SQuAD v2 question.
     pub answers: Vec<String>,
     pub gold_docs: Vec<String>,
 }
@@ -26,21 +28,12 @@ pub struct QaDataset {
     pub examples: Vec<QaExample>,
 }
 
-/// Where `models fetch --data` puts the evaluation files.
-pub fn data_file(file: &str) -> Result<PathBuf> {
-    let path = triage_models::paths::data_dir().join(file);
-    if !path.exists() {
-        bail!(
-            "{} is missing: run `triage models fetch --data`",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+pub(crate) fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let bytes = std::fs::read(path).map_err(io_error(path))?;
+    serde_json::from_slice(&bytes).map_err(|source| EvalError::Json {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 #[derive(Deserialize)]
@@ -53,31 +46,58 @@ struct HotpotRecord {
     context: Vec<(String, Vec<String>)>,
 }
 
+/// One HotpotQA question with its own ten paragraphs (gold and distractors), one document per
+/// title.
+#[derive(Debug, Clone)]
+pub struct HotpotItem {
+    pub example: QaExample,
+    pub documents: Vec<Document>,
+}
+
+/// The first `num_questions` HotpotQA questions of the file, each with its paragraphs.
+pub fn hotpotqa_items(path: &Path, num_questions: usize) -> Result<Vec<HotpotItem>> {
+    let records: Vec<HotpotRecord> = read_json(path)?;
+    Ok(records
+        .into_iter()
+        .take(num_questions)
+        .map(|r| {
+            let documents = r
+                .context
+                .iter()
+                .map(|(title, sentences)| Document {
+                    id: title.clone(),
+                    title: title.clone(),
+                    text: sentences.concat(),
+                })
+                .collect();
+            let gold: BTreeSet<String> = r.supporting_facts.into_iter().map(|(t, _)| t).collect();
+            HotpotItem {
+                example: QaExample {
+                    id: r.id,
+                    question: r.question,
+                    answers: vec![r.answer],
+                    gold_docs: gold.into_iter().collect(),
+                },
+                documents,
+            }
+        })
+        .collect())
+}
+
 /// The first `num_questions` HotpotQA questions; the corpus is every paragraph of their contexts
 /// (an open corpus: each question's distractors compete with everyone's), one document per
 /// title.
 pub fn hotpotqa(path: &Path, num_questions: usize) -> Result<QaDataset> {
-    let records: Vec<HotpotRecord> = read_json(path)?;
     let mut seen = BTreeSet::new();
     let mut documents = Vec::new();
     let mut examples = Vec::new();
-    for r in records.into_iter().take(num_questions) {
-        for (title, sentences) in &r.context {
-            if seen.insert(title.clone()) {
-                documents.push(Document {
-                    id: title.clone(),
-                    title: title.clone(),
-                    text: sentences.concat(),
-                });
+    for item in hotpotqa_items(path, num_questions)? {
+        for d in item.documents {
+            if seen.insert(d.id.clone()) {
+                documents.push(d);
             }
         }
-        let gold: BTreeSet<String> = r.supporting_facts.into_iter().map(|(t, _)| t).collect();
-        examples.push(QaExample {
-            id: r.id,
-            question: r.question,
-            answers: vec![r.answer],
-            gold_docs: gold.into_iter().collect(),
-        });
+        examples.push(item.example);
     }
     Ok(QaDataset {
         name: "hotpotqa".into(),
@@ -118,8 +138,13 @@ struct SquadAnswer {
 }
 
 /// The first `num_paragraphs` paragraphs of an article as documents (`<title>#<index>`) and their
-/// answerable questions, each with its paragraph as the gold document.
-fn article_items(article: SquadArticle, num_paragraphs: usize) -> (Vec<Document>, Vec<QaExample>) {
+/// questions (unanswerable ones only when asked for), each with its paragraph as the gold
+/// document.
+fn article_items(
+    article: SquadArticle,
+    num_paragraphs: usize,
+    unanswerable: bool,
+) -> (Vec<Document>, Vec<QaExample>) {
     let mut documents = Vec::new();
     let mut answerable = Vec::new();
     for (i, p) in article
@@ -129,7 +154,11 @@ fn article_items(article: SquadArticle, num_paragraphs: usize) -> (Vec<Document>
         .enumerate()
     {
         let id = format!("{}#{i}", article.title);
-        for q in p.qas.into_iter().filter(|q| !q.is_impossible) {
+        for q in p
+            .qas
+            .into_iter()
+            .filter(|q| unanswerable || !q.is_impossible)
+        {
             answerable.push(QaExample {
                 id: q.id,
                 question: q.question,
@@ -153,7 +182,7 @@ pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
     let mut documents = Vec::new();
     let mut answerable = Vec::new();
     for article in file.data {
-        let (docs, examples) = article_items(article, usize::MAX);
+        let (docs, examples) = article_items(article, usize::MAX, false);
         documents.extend(docs);
         answerable.extend(examples);
     }
@@ -195,7 +224,7 @@ pub fn squad_articles(
             break;
         }
         let title = article.title.clone();
-        let (documents, answerable) = article_items(article, num_paragraphs);
+        let (documents, answerable) = article_items(article, num_paragraphs, false);
         let take = per_article.min(num_questions - total).min(answerable.len());
         if take == 0 {
             continue;
@@ -210,4 +239,23 @@ pub fn squad_articles(
         });
     }
     Ok(out)
+}
+
+/// Every article of SQuAD v2 dev with all its paragraphs and all its questions, answerable and
+/// not (an unanswerable question has no answers).
+pub fn squad_v2_articles(path: &Path) -> Result<Vec<ArticleQa>> {
+    let file: SquadFile = read_json(path)?;
+    Ok(file
+        .data
+        .into_iter()
+        .map(|article| {
+            let title = article.title.clone();
+            let (documents, examples) = article_items(article, usize::MAX, true);
+            ArticleQa {
+                title,
+                documents,
+                examples,
+            }
+        })
+        .collect())
 }

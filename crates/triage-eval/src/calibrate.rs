@@ -1,0 +1,278 @@
+//! `triage calibrate`'s choice of τ from dev results: sweep τ, take the elbow of the accuracy–
+//! cost curve (where a lower τ's marginal accuracy gain falls below its marginal cost, priced
+//! at the exchange rate of going from RAG alone to RAG then LC for every query), and when an
+//! accuracy floor is set and the elbow misses it, the cheapest τ that meets it.
+
+use sha2::{Digest, Sha256};
+use triage_router::routing_config::Calibration;
+
+use crate::error::{EvalError, Result};
+use crate::results::ResultRow;
+use crate::sweep::{point, rag_lc_pairs, tau_grid, RagLcPair, SweepPoint};
+
+/// An accuracy floor for τ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Floor {
+    None,
+    /// Accuracy at least this.
+    Accuracy(f64),
+    /// Accuracy at least this fraction of long context's.
+    Retained(f64),
+}
+
+/// The sweep and the τ chosen from it.
+#[derive(Debug, Clone)]
+pub struct Chosen {
+    pub tau: f64,
+    pub rule: String,
+    pub at: SweepPoint,
+    pub curve: Vec<SweepPoint>,
+    pub rag_accuracy: f64,
+    pub lc_accuracy: f64,
+    pub lc_tokens: f64,
+}
+
+/// Choose τ on `grid` (ascending) for `pairs`.
+pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen> {
+    if pairs.is_empty() {
+        return Err(EvalError::Invalid(
+            "calibration needs queries answered by both the rag and the lc systems".into(),
+        ));
+    }
+    let n = pairs.len() as f64;
+    let rag_accuracy = pairs.iter().map(|p| p.rag_value).sum::<f64>() / n;
+    let lc_accuracy = pairs.iter().map(|p| p.lc_value).sum::<f64>() / n;
+    let lc_tokens = pairs.iter().map(|p| p.lc_tokens).sum::<f64>() / n;
+    let curve: Vec<SweepPoint> = grid.iter().map(|&t| point(pairs, t)).collect();
+    // The exchange rate: accuracy per unit cost from never to always escalating.
+    let (never, always) = (point(pairs, f64::INFINITY), point(pairs, f64::NEG_INFINITY));
+    let rate = if always.mean_cost > never.mean_cost {
+        (always.accuracy - never.accuracy) / (always.mean_cost - never.mean_cost)
+    } else {
+        0.0
+    };
+    // The elbow maximises accuracy − rate · cost; ties go to the larger (cheaper) τ.
+    let value = |p: &SweepPoint| p.accuracy - rate * p.mean_cost;
+    let elbow = curve
+        .iter()
+        .rev()
+        .fold(None::<&SweepPoint>, |best, p| match best {
+            Some(b) if value(b) >= value(p) - 1e-12 => Some(b),
+            _ => Some(p),
+        })
+        .copied()
+        .ok_or_else(|| EvalError::Invalid("the τ grid is empty".into()))?;
+    let min_accuracy = match floor {
+        Floor::None => None,
+        Floor::Accuracy(a) => Some(a),
+        Floor::Retained(f) => Some(f * lc_accuracy),
+    };
+    let (at, rule) = match min_accuracy {
+        Some(a) if elbow.accuracy + 1e-12 < a => {
+            let cheapest = curve
+                .iter()
+                .filter(|p| p.accuracy + 1e-12 >= a)
+                .min_by(|x, y| {
+                    x.mean_cost
+                        .total_cmp(&y.mean_cost)
+                        .then(y.tau.total_cmp(&x.tau))
+                })
+                .copied();
+            let Some(p) = cheapest else {
+                let best = curve
+                    .iter()
+                    .max_by(|x, y| x.accuracy.total_cmp(&y.accuracy))
+                    .copied()
+                    .unwrap_or(elbow);
+                return Err(EvalError::Invalid(format!(
+                    "no τ in [{}, {}] reaches accuracy {a:.3} on this dev set (best {:.3} at \
+                     τ = {}; long context alone {lc_accuracy:.3})",
+                    grid[0],
+                    grid[grid.len() - 1],
+                    best.accuracy,
+                    best.tau
+                )));
+            };
+            (
+                p,
+                format!(
+                    "cheapest τ with accuracy ≥ {a:.3} (the elbow has {:.3})",
+                    elbow.accuracy
+                ),
+            )
+        }
+        Some(a) => (elbow, format!("elbow (meets accuracy ≥ {a:.3})")),
+        None => (elbow, "elbow".into()),
+    };
+    Ok(Chosen {
+        tau: at.tau,
+        rule,
+        at,
+        curve,
+        rag_accuracy,
+        lc_accuracy,
+        lc_tokens,
+    })
+}
+
+/// SHA-256 over the dev examples' ids, questions and gold answers, in id order.
+pub fn data_hash(rows: &[ResultRow]) -> String {
+    let mut items: Vec<(&str, &str, &[String])> = rows
+        .iter()
+        .filter(|r| r.system == "rag")
+        .map(|r| (r.example.as_str(), r.question.as_str(), r.golds.as_slice()))
+        .collect();
+    items.sort();
+    let mut h = Sha256::new();
+    for (id, q, golds) in items {
+        h.update(id.as_bytes());
+        h.update([0]);
+        h.update(q.as_bytes());
+        for g in golds {
+            h.update([0]);
+            h.update(g.as_bytes());
+        }
+        h.update([1]);
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// One field of a monitor's τ record.
+fn field<T: serde::de::DeserializeOwned>(tau: &serde_json::Value, key: &str) -> Result<T> {
+    let value = tau
+        .get(key)
+        .cloned()
+        .ok_or_else(|| EvalError::Invalid(format!("the monitor record has no {key}")))?;
+    serde_json::from_value(value).map_err(|source| EvalError::Json {
+        path: format!("monitor record {key}"),
+        source,
+    })
+}
+
+/// Calibrate τ from the `rag` and `lc` rows of a dev run.
+pub fn calibrate(
+    rows: &[ResultRow],
+    grid: (f64, f64, f64),
+    floor: Floor,
+) -> Result<(Chosen, Calibration)> {
+    let Some(first) = rows.first() else {
+        return Err(EvalError::Invalid("the results file is empty".into()));
+    };
+    if let Some(r) = rows.iter().find(|r| r.split != "dev") {
+        return Err(EvalError::Invalid(format!(
+            "τ is tuned on dev only; {} is from the {} split",
+            r.example, r.split
+        )));
+    }
+    // The monitor's settings and model, from the RAG answers' decision records.
+    let taus: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| r.system == "rag")
+        .filter_map(|r| r.decision.pointer("/monitor/tau"))
+        .collect();
+    let Some(tau) = taus.first() else {
+        return Err(EvalError::Invalid(
+            "no rag answer carries a monitor record: run triage eval with the rag and lc systems"
+                .into(),
+        ));
+    };
+    if let Some(other) = taus.iter().find(|t| {
+        ["model", "estimator", "unit", "window"]
+            .iter()
+            .any(|k| t.get(k) != tau.get(k))
+    }) {
+        return Err(EvalError::Invalid(format!(
+            "the rag answers were monitored with different settings ({tau} and {other}); \
+             calibrate one model and estimator at a time"
+        )));
+    }
+    let pairs = rag_lc_pairs(rows);
+    let chosen = choose(&pairs, &tau_grid(grid.0, grid.1, grid.2), floor)?;
+    let calibration = Calibration {
+        model: field(tau, "model")?,
+        estimator: field(tau, "estimator")?,
+        unit: field(tau, "unit")?,
+        window: field(tau, "window")?,
+        suite: first.suite.clone(),
+        split: first.split.clone(),
+        queries: pairs.len(),
+        data_sha256: data_hash(rows),
+        rule: chosen.rule.clone(),
+        accuracy: chosen.at.accuracy,
+        rag_accuracy: chosen.rag_accuracy,
+        lc_accuracy: chosen.lc_accuracy,
+        escalation_rate: chosen.at.escalation_rate,
+        accuracy_retained: if chosen.lc_accuracy > 0.0 {
+            chosen.at.accuracy / chosen.lc_accuracy
+        } else {
+            f64::NAN
+        },
+        token_reduction: 1.0 - chosen.at.mean_tokens / chosen.lc_tokens.max(1.0),
+    };
+    Ok((chosen, calibration))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(statistic: f64, rag: bool, lc: bool) -> RagLcPair {
+        RagLcPair {
+            example: String::new(),
+            statistic: Some(statistic),
+            rag_value: f64::from(u8::from(rag)),
+            lc_value: f64::from(u8::from(lc)),
+            rag_tokens: 100.0,
+            lc_tokens: 1_000.0,
+            rag_cost: 1.0,
+            lc_cost: 10.0,
+        }
+    }
+
+    /// RAG is right below statistic 1.0 and wrong from it on; LC is always right.
+    fn pairs() -> Vec<RagLcPair> {
+        (0..20)
+            .map(|i| {
+                let s = f64::from(i) / 10.0;
+                pair(s, s < 1.0, true)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_elbow_escalates_exactly_the_wrong_answers() {
+        let c = choose(&pairs(), &tau_grid(0.5, 2.5, 0.05), Floor::None).unwrap();
+        // Escalating statistics > τ: τ in [0.9, 1.0) escalates all ten wrong answers and no
+        // right one; the grid's largest such τ is 0.95.
+        assert!((c.tau - 0.95).abs() < 1e-9, "{}", c.tau);
+        assert!((c.at.accuracy - 1.0).abs() < 1e-12);
+        assert!((c.at.escalation_rate - 0.5).abs() < 1e-12);
+        assert_eq!((c.rag_accuracy, c.lc_accuracy), (0.5, 1.0));
+    }
+
+    #[test]
+    fn a_floor_the_elbow_misses_takes_the_cheapest_tau_that_meets_it() {
+        // RAG is wrong at statistics 0.3, 1.2, 1.5, 1.8 and 1.9; LC is always right. The
+        // exchange rate is 0.25 accuracy per 10 cost units: fixing an answer gains 0.05 and
+        // escalating one costs 0.0125, so the elbow escalates the top eight (τ in [1.1, 1.2),
+        // fixing four: accuracy 0.95) and leaves the lone wrong answer at 0.3 alone.
+        let ps: Vec<RagLcPair> = (0..20)
+            .map(|i| pair(f64::from(i) / 10.0, ![3, 12, 15, 18, 19].contains(&i), true))
+            .collect();
+        let grid = tau_grid(0.0, 2.5, 0.05);
+        let elbow = choose(&ps, &grid, Floor::None).unwrap();
+        assert!((elbow.tau - 1.15).abs() < 1e-9, "{}", elbow.tau);
+        assert!((elbow.at.accuracy - 0.95).abs() < 1e-12);
+        // A floor the elbow meets keeps it.
+        let met = choose(&ps, &grid, Floor::Retained(0.9)).unwrap();
+        assert_eq!(met.tau, elbow.tau);
+        assert!(met.rule.starts_with("elbow"), "{}", met.rule);
+        // Accuracy 0.99 needs the answer at 0.3 escalated: the largest such τ is 0.25.
+        let floor = choose(&ps, &grid, Floor::Accuracy(0.99)).unwrap();
+        assert!((floor.tau - 0.25).abs() < 1e-9, "{}", floor.tau);
+        assert!(floor.rule.contains("cheapest"), "{}", floor.rule);
+        // On the issue's grid, [0.5, 2.5], no τ reaches it: a clear error.
+        let err = choose(&ps, &tau_grid(0.5, 2.5, 0.05), Floor::Accuracy(0.99)).unwrap_err();
+        assert!(err.to_string().contains("no τ in [0.5, 2.5]"), "{err}");
+    }
+}

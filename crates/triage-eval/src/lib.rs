@@ -1,0 +1,18 @@
+//! triage-eval: the evaluation and calibration harness's model-free half — suites (seeded
+//! generators and data set loaders, dev/test splits), answer scoring, the results file, paired
+//! bootstrap statistics, the τ sweep, `triage calibrate`'s choice of τ, the report and its
+//! figures. The binary runs the models and feeds rows in.
+#![forbid(unsafe_code)]
+
+pub mod calibrate;
+pub mod datasets;
+pub mod error;
+pub mod plots;
+pub mod report;
+pub mod results;
+pub mod scoring;
+pub mod stats;
+pub mod suites;
+pub mod sweep;
+
+pub use error::{EvalError, Result};

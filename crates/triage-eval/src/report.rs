@@ -1,0 +1,603 @@
+//! The report of one run: per system accuracy with paired-bootstrap intervals, tokens, cost,
+//! latency, escalation and routing precision/recall against the per-query oracle, the headline
+//! pair against long context, how well the RAG answer's entropy flags its errors (AUROC,
+//! hallucination rate by entropy bin and Pearson r), the τ sweep with its accuracy–cost area,
+//! and accuracy by needle depth; as a struct and as `report.md`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+use triage_router::linear::auroc;
+
+use crate::results::ResultRow;
+use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
+use crate::sweep::{curve_area, point, rag_lc_pairs, tau_grid, CurveArea, SweepPoint};
+
+/// Systems that force one path; the oracle picks among them.
+pub const PATH_SYSTEMS: [&str; 4] = ["none", "rag", "hybrid", "lc"];
+
+/// Routing against the oracle: of the queries a system sent to long context, how many needed
+/// it (precision), and of those that needed it, how many went (recall).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RoutingScore {
+    pub precision: Option<f64>,
+    pub recall: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SystemSummary {
+    pub system: String,
+    pub accuracy: Estimate,
+    pub em: Option<f64>,
+    pub f1: Option<f64>,
+    /// Prompt (cached included) + completion tokens, all stages.
+    pub tokens: Estimate,
+    /// Prompt tokens not found in the cache + completion tokens.
+    pub computed_tokens: f64,
+    pub cost: f64,
+    pub ms_p50: f64,
+    pub ms_p95: f64,
+    /// Answered by the long-context model.
+    pub lc_rate: f64,
+    /// A RAG answer was generated, then escalated.
+    pub escalation_rate: f64,
+    /// Accuracy relative to `lc`, and token reduction relative to `lc` (paired intervals).
+    pub retained_vs_lc: Option<Estimate>,
+    pub token_reduction_vs_lc: Option<Estimate>,
+    /// Accuracy gained per 1,000 extra tokens over `rag`.
+    pub gain_per_1k_tokens_vs_rag: Option<f64>,
+    pub routing: Option<RoutingScore>,
+    /// Accuracy per sub-population ("unanswerable", "pairs=75", ...).
+    pub by_kind: BTreeMap<String, (usize, f64)>,
+}
+
+/// Hallucination rate in one entropy bin.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EntropyBin {
+    pub lo: f64,
+    pub hi: f64,
+    pub n: usize,
+    pub wrong: usize,
+    pub rate: f64,
+    pub rate_lo: f64,
+    pub rate_hi: f64,
+}
+
+/// How the forced-RAG answer's entropy relates to its being wrong.
+#[derive(Debug, Clone, Serialize)]
+pub struct SignalReport {
+    pub n: usize,
+    pub error_rate: f64,
+    pub auroc_statistic: Option<f64>,
+    pub auroc_mean_entropy: Option<f64>,
+    pub bins: Vec<EntropyBin>,
+    /// Pearson r of bin centre vs hallucination rate, over bins with at least `MIN_BIN` answers.
+    pub pearson_r: Option<f64>,
+    /// (statistic, wrong) of every RAG answer that has one.
+    pub values: Vec<(f64, bool)>,
+}
+
+/// Accuracy of each system in one depth bin.
+#[derive(Debug, Clone, Serialize)]
+pub struct DepthRow {
+    pub lo: f64,
+    pub hi: f64,
+    pub accuracy: BTreeMap<String, (usize, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub suite: String,
+    pub split: String,
+    /// Queries every system answered (the paired set all numbers are computed on).
+    pub queries: usize,
+    pub systems: Vec<SystemSummary>,
+    pub signals: Option<SignalReport>,
+    pub sweep: Vec<SweepPoint>,
+    pub area: Option<CurveArea>,
+    pub depth: Vec<DepthRow>,
+}
+
+/// Bins with fewer answers are drawn but left out of Pearson's r.
+pub const MIN_BIN: usize = 5;
+const ENTROPY_BINS: usize = 10;
+const DEPTH_BINS: usize = 5;
+
+/// The oracle's row for one query: the cheapest correct answer among the path systems; when
+/// none is correct, the cheapest answer. `None` when no path system answered.
+pub fn oracle_row(rows: &[&ResultRow]) -> Option<ResultRow> {
+    let best = rows
+        .iter()
+        .filter(|r| PATH_SYSTEMS.contains(&r.system.as_str()))
+        .min_by(|a, b| {
+            b.score
+                .correct
+                .cmp(&a.score.correct)
+                .then(a.cost.total_cmp(&b.cost))
+        })?;
+    let mut row = (*best).clone();
+    row.derived_from = Some(best.system.clone());
+    row.system = "oracle".into();
+    Some(row)
+}
+
+fn percentile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn signal_report(rag: &[&ResultRow]) -> Option<SignalReport> {
+    let values: Vec<(f64, bool)> = rag
+        .iter()
+        .filter_map(|r| r.rag_statistic.map(|s| (s, !r.score.correct)))
+        .collect();
+    if values.len() < 2 {
+        return None;
+    }
+    let (scores, wrong): (Vec<f64>, Vec<bool>) = values.iter().copied().unzip();
+    let (me, mw): (Vec<f64>, Vec<bool>) = rag
+        .iter()
+        .filter_map(|r| r.rag_mean_entropy.map(|s| (s, !r.score.correct)))
+        .unzip();
+    let lo = scores.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let width = ((hi - lo) / ENTROPY_BINS as f64).max(1e-9);
+    let mut bins: Vec<EntropyBin> = (0..ENTROPY_BINS)
+        .map(|b| EntropyBin {
+            lo: lo + b as f64 * width,
+            hi: lo + (b + 1) as f64 * width,
+            n: 0,
+            wrong: 0,
+            rate: f64::NAN,
+            rate_lo: f64::NAN,
+            rate_hi: f64::NAN,
+        })
+        .collect();
+    for &(s, w) in &values {
+        let b = (((s - lo) / width) as usize).min(ENTROPY_BINS - 1);
+        bins[b].n += 1;
+        bins[b].wrong += usize::from(w);
+    }
+    for b in &mut bins {
+        if b.n > 0 {
+            b.rate = b.wrong as f64 / b.n as f64;
+            (b.rate_lo, b.rate_hi) = wilson(b.wrong, b.n);
+        }
+    }
+    let (centres, rates): (Vec<f64>, Vec<f64>) = bins
+        .iter()
+        .filter(|b| b.n >= MIN_BIN)
+        .map(|b| ((b.lo + b.hi) / 2.0, b.rate))
+        .unzip();
+    Some(SignalReport {
+        n: values.len(),
+        error_rate: wrong.iter().filter(|w| **w).count() as f64 / wrong.len() as f64,
+        auroc_statistic: auroc(&scores, &wrong),
+        auroc_mean_entropy: auroc(&me, &mw),
+        bins,
+        pearson_r: pearson(&centres, &rates),
+        values,
+    })
+}
+
+/// Build the report from every row of one suite and split (the oracle's rows included or
+/// not: they are derived here when missing).
+pub fn build(rows: &[ResultRow], seed: u64) -> Report {
+    let suite = rows.first().map(|r| r.suite.clone()).unwrap_or_default();
+    let split = rows.first().map(|r| r.split.clone()).unwrap_or_default();
+    // by example, by system
+    let mut table: BTreeMap<&str, HashMap<&str, &ResultRow>> = BTreeMap::new();
+    for r in rows {
+        table
+            .entry(r.example.as_str())
+            .or_default()
+            .insert(r.system.as_str(), r);
+    }
+    let mut oracles = Vec::new();
+    for by_system in table.values() {
+        if !by_system.contains_key("oracle") {
+            let answered: Vec<&ResultRow> = by_system.values().copied().collect();
+            if let Some(o) = oracle_row(&answered) {
+                oracles.push(o);
+            }
+        }
+    }
+    for o in &oracles {
+        if let Some(t) = table.get_mut(o.example.as_str()) {
+            t.insert("oracle", o);
+        }
+    }
+    let systems: BTreeSet<&str> = table.values().flat_map(|t| t.keys().copied()).collect();
+    let order = [
+        "none",
+        "rag",
+        "hybrid",
+        "lc",
+        "edar",
+        "dtr",
+        "self-route",
+        "oracle",
+    ];
+    let mut systems: Vec<&str> = systems.into_iter().collect();
+    systems.sort_by_key(|s| order.iter().position(|o| o == s).unwrap_or(order.len()));
+    // The paired set: queries every system answered.
+    let examples: Vec<&str> = table
+        .iter()
+        .filter(|(_, t)| systems.iter().all(|s| t.contains_key(s)))
+        .map(|(e, _)| *e)
+        .collect();
+    let n = examples.len();
+    let boot = PairedBootstrap::new(n, RESAMPLES, seed);
+    let column = |system: &str, f: &dyn Fn(&ResultRow) -> f64| -> Vec<f64> {
+        examples.iter().map(|e| f(table[e][system])).collect()
+    };
+    let value = |r: &ResultRow| r.score.value;
+    let tokens = |r: &ResultRow| r.total_tokens() as f64;
+    let has = |s: &str| systems.contains(&s);
+    let (lc_acc, lc_tok) = if has("lc") {
+        (column("lc", &value), column("lc", &tokens))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let oracle_lc: Vec<bool> = examples
+        .iter()
+        .map(|e| {
+            table[e]
+                .get("oracle")
+                .is_some_and(|o| o.derived_from.as_deref() == Some("lc"))
+        })
+        .collect();
+    let summaries = systems
+        .iter()
+        .map(|&s| {
+            let acc = column(s, &value);
+            let tok = column(s, &tokens);
+            let rows: Vec<&ResultRow> = examples.iter().map(|e| table[e][s]).collect();
+            let opt_mean = |f: &dyn Fn(&ResultRow) -> Option<f64>| {
+                let v: Vec<f64> = rows.iter().filter_map(|r| f(r)).collect();
+                (!v.is_empty()).then(|| mean(&v))
+            };
+            let ms: Vec<f64> = rows.iter().map(|r| r.ms).collect();
+            let on_lc: Vec<bool> = rows.iter().map(|r| r.path == "lc").collect();
+            let routed = !PATH_SYSTEMS.contains(&s) && s != "oracle";
+            let routing = routed.then(|| {
+                let both = on_lc
+                    .iter()
+                    .zip(&oracle_lc)
+                    .filter(|(a, b)| **a && **b)
+                    .count();
+                let sent = on_lc.iter().filter(|a| **a).count();
+                let needed = oracle_lc.iter().filter(|b| **b).count();
+                RoutingScore {
+                    precision: (sent > 0).then(|| both as f64 / sent as f64),
+                    recall: (needed > 0).then(|| both as f64 / needed as f64),
+                }
+            });
+            let mut by_kind: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+            for r in &rows {
+                if let Some(k) = &r.kind {
+                    let e = by_kind.entry(k.clone()).or_default();
+                    e.0 += 1;
+                    e.1 += r.score.value;
+                }
+            }
+            for v in by_kind.values_mut() {
+                v.1 /= v.0 as f64;
+            }
+            let rag_gain = if has("rag") && s != "rag" {
+                let (ra, rt) = (mean(&column("rag", &value)), mean(&column("rag", &tokens)));
+                let extra = mean(&tok) - rt;
+                (extra.abs() > f64::EPSILON).then(|| (mean(&acc) - ra) / (extra / 1_000.0))
+            } else {
+                None
+            };
+            SystemSummary {
+                system: s.to_string(),
+                accuracy: boot.mean(&acc),
+                em: opt_mean(&|r| r.score.em),
+                f1: opt_mean(&|r| r.score.f1),
+                tokens: boot.mean(&tok),
+                computed_tokens: mean(&column(s, &|r| r.computed_tokens() as f64)),
+                cost: mean(&column(s, &|r| r.cost)),
+                ms_p50: percentile(&ms, 0.5),
+                ms_p95: percentile(&ms, 0.95),
+                lc_rate: on_lc.iter().filter(|a| **a).count() as f64 / n.max(1) as f64,
+                escalation_rate: rows.iter().filter(|r| r.escalated).count() as f64
+                    / n.max(1) as f64,
+                retained_vs_lc: has("lc")
+                    .then(|| boot.estimate(|idx| mean_at(&acc, idx) / mean_at(&lc_acc, idx))),
+                token_reduction_vs_lc: has("lc")
+                    .then(|| boot.estimate(|idx| 1.0 - mean_at(&tok, idx) / mean_at(&lc_tok, idx))),
+                gain_per_1k_tokens_vs_rag: rag_gain,
+                routing,
+                by_kind,
+            }
+        })
+        .collect();
+    let paired: Vec<ResultRow> = rows
+        .iter()
+        .filter(|r| examples.binary_search(&r.example.as_str()).is_ok())
+        .cloned()
+        .collect();
+    let pairs = rag_lc_pairs(&paired);
+    let rag_rows: Vec<&ResultRow> = if has("rag") {
+        examples.iter().map(|e| table[e]["rag"]).collect()
+    } else {
+        Vec::new()
+    };
+    let sweep = if pairs.is_empty() {
+        Vec::new()
+    } else {
+        tau_grid(0.0, 2.5, 0.05)
+            .into_iter()
+            .map(|t| point(&pairs, t))
+            .collect()
+    };
+    let depth = depth_rows(&examples, &systems, &table);
+    Report {
+        suite,
+        split,
+        queries: n,
+        systems: summaries,
+        signals: signal_report(&rag_rows),
+        sweep,
+        area: curve_area(&pairs),
+        depth,
+    }
+}
+
+fn depth_rows(
+    examples: &[&str],
+    systems: &[&str],
+    table: &BTreeMap<&str, HashMap<&str, &ResultRow>>,
+) -> Vec<DepthRow> {
+    let mut out: Vec<DepthRow> = (0..DEPTH_BINS)
+        .map(|b| DepthRow {
+            lo: b as f64 / DEPTH_BINS as f64,
+            hi: (b + 1) as f64 / DEPTH_BINS as f64,
+            accuracy: BTreeMap::new(),
+        })
+        .collect();
+    for e in examples {
+        for s in systems {
+            let r = table[e][s];
+            let Some(d) = r.depth else { continue };
+            let b = ((d * DEPTH_BINS as f64) as usize).min(DEPTH_BINS - 1);
+            let cell = out[b].accuracy.entry(s.to_string()).or_default();
+            cell.0 += 1;
+            cell.1 += r.score.value;
+        }
+    }
+    for row in &mut out {
+        for cell in row.accuracy.values_mut() {
+            cell.1 /= cell.0 as f64;
+        }
+    }
+    out.retain(|r| !r.accuracy.is_empty());
+    out
+}
+
+fn opt(x: Option<f64>, digits: usize) -> String {
+    x.filter(|v| v.is_finite())
+        .map_or("–".into(), |v| format!("{v:.digits$}"))
+}
+
+/// `report.md`.
+pub fn markdown(r: &Report) -> String {
+    let mut s = format!(
+        "# triage eval: {} ({} split)\n\n{} queries answered by every system; intervals are 95% \
+         paired bootstrap ({RESAMPLES} resamples, seeded). Tokens are prompt (cached included) + \
+         completion over all stages; \"computed\" leaves out cached prompt tokens.\n\n",
+        r.suite, r.split, r.queries
+    );
+    s.push_str(
+        "| system | accuracy | EM | F1 | tokens | computed | cost | p50 ms | p95 ms | on LC | \
+         escalated | retained vs LC | token reduction vs LC | Δacc per 1k tok vs RAG | routing P / R |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for m in &r.systems {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {:.0} [{:.0}, {:.0}] | {:.0} | {:.5} | {:.0} | {:.0} | {:.2} | {:.2} | {} | {} | {} | {} |\n",
+            m.system,
+            m.accuracy,
+            opt(m.em, 3),
+            opt(m.f1, 3),
+            m.tokens.value,
+            m.tokens.lo,
+            m.tokens.hi,
+            m.computed_tokens,
+            m.cost,
+            m.ms_p50,
+            m.ms_p95,
+            m.lc_rate,
+            m.escalation_rate,
+            m.retained_vs_lc.map_or("–".into(), |e| e.to_string()),
+            m.token_reduction_vs_lc.map_or("–".into(), |e| e.to_string()),
+            opt(m.gain_per_1k_tokens_vs_rag, 3),
+            m.routing.map_or("–".into(), |g| format!(
+                "{} / {}",
+                opt(g.precision, 2),
+                opt(g.recall, 2)
+            )),
+        ));
+    }
+    let kinds: BTreeSet<&String> = r.systems.iter().flat_map(|m| m.by_kind.keys()).collect();
+    if !kinds.is_empty() {
+        s.push_str("\n## Accuracy by kind\n\n| system |");
+        for k in &kinds {
+            s.push_str(&format!(" {k} |"));
+        }
+        s.push_str(&format!("\n|---|{}\n", "---|".repeat(kinds.len())));
+        for m in &r.systems {
+            s.push_str(&format!("| {} |", m.system));
+            for k in &kinds {
+                s.push_str(&match m.by_kind.get(*k) {
+                    Some((n, a)) => format!(" {a:.3} (n={n}) |"),
+                    None => " – |".into(),
+                });
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str("\n## Headline against long context\n\n");
+    for m in r.systems.iter().filter(|m| m.routing.is_some()) {
+        if let (Some(ret), Some(red)) = (m.retained_vs_lc, m.token_reduction_vs_lc) {
+            s.push_str(&format!(
+                "- **{}**: {:.1}% of long context's accuracy at {:.1}% of its tokens, {:.1}% \
+                 escalated ({:.1}% answered by LC).\n",
+                m.system,
+                100.0 * ret.value,
+                100.0 * (1.0 - red.value),
+                100.0 * m.escalation_rate,
+                100.0 * m.lc_rate
+            ));
+        }
+    }
+    if let Some(sig) = &r.signals {
+        s.push_str(&format!(
+            "\n## Entropy of the RAG answer vs its errors\n\n{} RAG answers, {:.1}% wrong. AUROC \
+             for a wrong answer: monitor statistic {}, mean entropy of the first tokens {}. \
+             Pearson r of hallucination rate vs entropy bin (bins with ≥ {MIN_BIN} answers): {}.\n\n\
+             | entropy bin | answers | wrong | hallucination rate [95% Wilson] |\n|---|---|---|---|\n",
+            sig.n,
+            100.0 * sig.error_rate,
+            opt(sig.auroc_statistic, 3),
+            opt(sig.auroc_mean_entropy, 3),
+            opt(sig.pearson_r, 3)
+        ));
+        for b in sig.bins.iter().filter(|b| b.n > 0) {
+            s.push_str(&format!(
+                "| {:.2}–{:.2} | {} | {} | {:.2} [{:.2}, {:.2}] |\n",
+                b.lo, b.hi, b.n, b.wrong, b.rate, b.rate_lo, b.rate_hi
+            ));
+        }
+    }
+    if let Some(a) = r.area {
+        s.push_str(&format!(
+            "\n## τ sweep (RAG escalating to LC above τ, offline)\n\nArea under the \
+             accuracy–tokens curve (tokens scaled from RAG alone to RAG + LC for all): {:.3}; \
+             routing at random: {:.3}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
+            a.area, a.random
+        ));
+        for p in r.sweep.iter().step_by(5) {
+            s.push_str(&format!(
+                "| {:.2} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
+                p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
+            ));
+        }
+    }
+    if !r.depth.is_empty() {
+        s.push_str("\n## Accuracy by needle depth\n\n| depth |");
+        let names: Vec<&str> = r.systems.iter().map(|m| m.system.as_str()).collect();
+        for n in &names {
+            s.push_str(&format!(" {n} |"));
+        }
+        s.push_str(&format!("\n|---|{}\n", "---|".repeat(names.len())));
+        for d in &r.depth {
+            s.push_str(&format!("| {:.1}–{:.1} |", d.lo, d.hi));
+            for n in &names {
+                s.push_str(
+                    &d.accuracy
+                        .get(*n)
+                        .map_or(" – |".into(), |(_, a)| format!(" {a:.2} |")),
+                );
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::results::tests::row;
+
+    fn with_stat(mut r: ResultRow, s: f64) -> ResultRow {
+        r.rag_statistic = Some(s);
+        r
+    }
+
+    /// Ten queries: RAG right on the first six (low entropy), LC right on all but the last;
+    /// a routed system sends the four high-entropy ones to LC.
+    pub(crate) fn rows() -> Vec<ResultRow> {
+        let mut out = Vec::new();
+        for i in 0..10 {
+            let e = format!("e{i}");
+            out.push(with_stat(row("rag", &e, i < 6, 100), f64::from(i) / 10.0));
+            out.push(row("lc", &e, i < 9, 1_000));
+            let mut routed = row("edar", &e, if i < 6 { true } else { i < 9 }, 100);
+            if i >= 6 {
+                routed.path = "lc".into();
+                routed.escalated = true;
+                routed.prompt_tokens = 1_100;
+                routed.cost = 1_100.0;
+            }
+            out.push(routed);
+        }
+        out
+    }
+
+    #[test]
+    fn the_oracle_takes_the_cheapest_right_answer() {
+        let r = rows();
+        let of = |e: &str| {
+            let rs: Vec<&ResultRow> = r.iter().filter(|x| x.example == e).collect();
+            oracle_row(&rs).unwrap()
+        };
+        assert_eq!(of("e0").derived_from.as_deref(), Some("rag"));
+        assert_eq!(of("e7").derived_from.as_deref(), Some("lc"));
+        // Nobody is right on e9: the cheapest path's answer.
+        let o = of("e9");
+        assert_eq!(
+            (o.derived_from.as_deref(), o.score.correct),
+            (Some("rag"), false)
+        );
+    }
+
+    #[test]
+    fn metrics_of_a_known_run() {
+        let report = build(&rows(), 1);
+        assert_eq!(report.queries, 10);
+        let get = |s: &str| report.systems.iter().find(|m| m.system == s).unwrap();
+        let (rag, lc, edar, oracle) = (get("rag"), get("lc"), get("edar"), get("oracle"));
+        assert!((rag.accuracy.value - 0.6).abs() < 1e-12);
+        assert!((lc.accuracy.value - 0.9).abs() < 1e-12);
+        assert!((edar.accuracy.value - 0.9).abs() < 1e-12);
+        assert!((oracle.accuracy.value - 0.9).abs() < 1e-12);
+        // edar: 0.9 / 0.9 of LC's accuracy; (6·100 + 4·1100) / 10 = 500 tokens vs 1,000.
+        assert!((edar.retained_vs_lc.unwrap().value - 1.0).abs() < 1e-12);
+        assert!((edar.token_reduction_vs_lc.unwrap().value - 0.5).abs() < 1e-12);
+        assert!((edar.escalation_rate - 0.4).abs() < 1e-12);
+        // The oracle sends e6, e7, e8 to LC; edar sent e6..e9: precision 3/4, recall 1.
+        let routing = edar.routing.unwrap();
+        assert_eq!((routing.precision, routing.recall), (Some(0.75), Some(1.0)));
+        // +0.3 accuracy for +400 tokens over RAG.
+        assert!((edar.gain_per_1k_tokens_vs_rag.unwrap() - 0.75).abs() < 1e-9);
+        // Entropy separates RAG's errors perfectly here.
+        let sig = report.signals.as_ref().unwrap();
+        assert_eq!(sig.auroc_statistic, Some(1.0));
+        assert!((sig.error_rate - 0.4).abs() < 1e-12);
+        // The sweep: τ = 0.55 escalates e6..e9 — the routed system's accuracy.
+        let p = report
+            .sweep
+            .iter()
+            .find(|p| (p.tau - 0.55).abs() < 1e-9)
+            .unwrap();
+        assert!((p.accuracy - 0.9).abs() < 1e-12 && (p.escalation_rate - 0.4).abs() < 1e-12);
+        let md = markdown(&report);
+        assert!(md.contains("| edar | 0.900 ["), "{md}");
+        assert!(md.contains("100.0% of long context's accuracy at 50.0% of its tokens"));
+    }
+
+    #[test]
+    fn only_queries_every_system_answered_are_compared() {
+        let mut r = rows();
+        r.retain(|x| !(x.system == "lc" && x.example == "e3"));
+        assert_eq!(build(&r, 1).queries, 9);
+    }
+}

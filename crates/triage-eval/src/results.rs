@@ -1,0 +1,285 @@
+//! `results.jsonl`: one `ResultRow` per query and system, appended as each answer is scored, so
+//! an interrupted run resumes where it stopped.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use triage_router::{Answer, RoutePath};
+
+use crate::error::{io_error, EvalError, Result};
+use crate::scoring::Score;
+use crate::suites::Example;
+
+/// Tokens one stage (or a whole answer) used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageTokens {
+    pub stage: String,
+    /// The model role, absent for stages without a model (retrieval).
+    pub model: Option<String>,
+    pub prompt: usize,
+    pub cached: usize,
+    pub completion: usize,
+    pub ms: f64,
+}
+
+/// One system's answer to one query, scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    pub suite: String,
+    pub split: String,
+    pub system: String,
+    pub group: String,
+    pub example: String,
+    pub question: String,
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub depth: Option<f64>,
+    pub golds: Vec<String>,
+    pub answer: String,
+    pub score: Score,
+    /// The path that produced the answer (none, rag, hybrid, lc).
+    pub path: String,
+    /// A RAG answer was generated and then escalated to the long-context model.
+    pub escalated: bool,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub stages: Vec<StageTokens>,
+    /// In the router's price units.
+    pub cost: f64,
+    pub ms: f64,
+    /// The monitor's statistic over the RAG answer (what τ is compared with), when one ran.
+    #[serde(default)]
+    pub rag_statistic: Option<f64>,
+    /// Mean entropy of the RAG answer's first tokens, preamble included.
+    #[serde(default)]
+    pub rag_mean_entropy: Option<f64>,
+    /// The oracle's row: which system's answer it took.
+    #[serde(default)]
+    pub derived_from: Option<String>,
+    /// The routing decision record as the engine wrote it.
+    pub decision: serde_json::Value,
+}
+
+/// Which suite and split a row belongs to.
+#[derive(Debug, Clone)]
+pub struct RowContext<'a> {
+    pub suite: &'a str,
+    pub split: &'a str,
+    pub group: &'a str,
+}
+
+fn finite(x: f32) -> Option<f64> {
+    x.is_finite().then_some(f64::from(x))
+}
+
+impl ResultRow {
+    /// The row for `system`'s `answer` to `example`.
+    pub fn from_answer(
+        at: &RowContext<'_>,
+        system: &str,
+        example: &Example,
+        answer: &Answer,
+        score: Score,
+    ) -> Result<Self> {
+        let d = &answer.decision;
+        let monitor = d.monitor.as_ref();
+        let decision = serde_json::to_value(d).map_err(|source| EvalError::Json {
+            path: "decision record".into(),
+            source,
+        })?;
+        Ok(Self {
+            suite: at.suite.to_string(),
+            split: at.split.to_string(),
+            system: system.to_string(),
+            group: at.group.to_string(),
+            example: example.id.clone(),
+            question: example.question.clone(),
+            kind: example.kind.clone(),
+            depth: example.depth,
+            golds: example.golds.clone(),
+            answer: answer.text.clone(),
+            score,
+            path: d.path.as_str().to_string(),
+            escalated: d.path == RoutePath::Lc && monitor.is_some(),
+            prompt_tokens: answer.usage.prompt_tokens,
+            cached_tokens: answer.usage.cached_prompt_tokens,
+            completion_tokens: answer.usage.completion_tokens,
+            stages: d
+                .stages
+                .iter()
+                .map(|s| StageTokens {
+                    stage: s.stage.to_string(),
+                    model: s.model.map(|m| m.as_str().to_string()),
+                    prompt: s.prompt_tokens,
+                    cached: s.cached_prompt_tokens,
+                    completion: s.completion_tokens,
+                    ms: s.ms,
+                })
+                .collect(),
+            cost: d.cost,
+            ms: answer.timings.total_ms,
+            rag_statistic: monitor.and_then(|m| m.mean).and_then(finite),
+            rag_mean_entropy: monitor.and_then(|m| finite(m.signals.mean_entropy)),
+            derived_from: None,
+            decision,
+        })
+    }
+
+    /// Every token the answer cost, cached prompt tokens included.
+    pub fn total_tokens(&self) -> usize {
+        self.prompt_tokens + self.completion_tokens
+    }
+
+    /// The tokens that were computed: prompt tokens not found in the cache, and the completion.
+    pub fn computed_tokens(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.cached_tokens) + self.completion_tokens
+    }
+}
+
+/// The results file of one run directory, with what it already holds.
+#[derive(Debug)]
+pub struct ResultsFile {
+    path: PathBuf,
+    rows: Vec<ResultRow>,
+    done: HashSet<(String, String)>,
+}
+
+impl ResultsFile {
+    /// Open (or start) `dir/results.jsonl`. A last line cut short by an interrupted write is
+    /// dropped; any other unreadable line is an error, so no result is silently lost.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let path = dir.join("results.jsonl");
+        let mut rows = Vec::new();
+        if path.exists() {
+            let text = std::fs::read_to_string(&path).map_err(io_error(&path))?;
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            for (i, line) in lines.iter().enumerate() {
+                match serde_json::from_str::<ResultRow>(line) {
+                    Ok(row) => rows.push(row),
+                    Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
+                        // Rewrite the file without the torn line.
+                        let keep: String = lines[..i].iter().map(|l| format!("{l}\n")).collect();
+                        std::fs::write(&path, keep).map_err(io_error(&path))?;
+                    }
+                    Err(source) => {
+                        return Err(EvalError::Json {
+                            path: format!("{} line {}", path.display(), i + 1),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+        let done = rows
+            .iter()
+            .map(|r| (r.system.clone(), r.example.clone()))
+            .collect();
+        Ok(Self { path, rows, done })
+    }
+
+    pub fn is_done(&self, system: &str, example: &str) -> bool {
+        self.done
+            .contains(&(system.to_string(), example.to_string()))
+    }
+
+    /// Append a row and flush it to disk before returning.
+    pub fn append(&mut self, row: ResultRow) -> Result<()> {
+        let line = serde_json::to_string(&row).map_err(|source| EvalError::Json {
+            path: self.path.display().to_string(),
+            source,
+        })?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(io_error(&self.path))?;
+        writeln!(file, "{line}")
+            .and_then(|()| file.sync_data())
+            .map_err(io_error(&self.path))?;
+        self.done.insert((row.system.clone(), row.example.clone()));
+        self.rows.push(row);
+        Ok(())
+    }
+
+    pub fn rows(&self) -> &[ResultRow] {
+        &self.rows
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A row with the fields the metrics read.
+    pub fn row(system: &str, example: &str, correct: bool, tokens: usize) -> ResultRow {
+        ResultRow {
+            suite: "kv-retrieval".into(),
+            split: "dev".into(),
+            system: system.into(),
+            group: "g".into(),
+            example: example.into(),
+            question: "q".into(),
+            kind: None,
+            depth: None,
+            golds: vec!["a".into()],
+            answer: "a".into(),
+            score: Score {
+                value: f64::from(u8::from(correct)),
+                correct,
+                em: None,
+                f1: None,
+            },
+            path: system.into(),
+            escalated: false,
+            prompt_tokens: tokens,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            stages: Vec::new(),
+            cost: tokens as f64,
+            ms: 1.0,
+            rag_statistic: None,
+            rag_mean_entropy: None,
+            derived_from: None,
+            decision: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_run_resumes_and_a_torn_last_line_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = ResultsFile::open(dir.path()).unwrap();
+        f.append(row("rag", "e1", true, 10)).unwrap();
+        f.append(row("lc", "e1", false, 20)).unwrap();
+        // An interrupted write leaves half a line.
+        let path = dir.path().join("results.jsonl");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("{\"suite\": \"kv-ret");
+        std::fs::write(&path, &text).unwrap();
+        let mut f = ResultsFile::open(dir.path()).unwrap();
+        assert_eq!(f.rows().len(), 2);
+        assert!(f.is_done("rag", "e1") && f.is_done("lc", "e1"));
+        assert!(!f.is_done("rag", "e2"));
+        f.append(row("rag", "e2", true, 10)).unwrap();
+        let f = ResultsFile::open(dir.path()).unwrap();
+        assert_eq!(f.rows().len(), 3);
+        assert_eq!(f.rows()[2], row("rag", "e2", true, 10));
+    }
+
+    #[test]
+    fn a_corrupt_line_in_the_middle_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = serde_json::to_string(&row("rag", "e1", true, 1)).unwrap();
+        std::fs::write(
+            dir.path().join("results.jsonl"),
+            format!("{good}\nnot json\n{good}\n"),
+        )
+        .unwrap();
+        let err = ResultsFile::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("line 2"), "{err}");
+    }
+}

@@ -1,0 +1,210 @@
+//! Key-value retrieval suites: a JSON object of random UUID4 keys and values, one pair per
+//! line, with questions asking for the value of a key at a known position. `kv-retrieval`
+//! (∞Bench Retrieve.KV) sweeps the gold position linearly across examples; `kv-litm` (lost in
+//! the middle) puts it at chosen positions in objects of 75, 140 and 300 pairs.
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use triage_retrieval::Document;
+
+use super::{swept_depths, Example, Group, SuiteName, SuiteParams};
+use crate::error::{EvalError, Result};
+use crate::scoring::Scorer;
+
+/// Questions asked over one object in `kv-retrieval`.
+const QUESTIONS_PER_OBJECT: usize = 10;
+/// The gold positions of `kv-litm`, as depths.
+const LITM_DEPTHS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+/// The object sizes of `kv-litm`.
+const LITM_PAIRS: [usize; 3] = [75, 140, 300];
+
+/// A random UUID version 4 in its canonical text form.
+pub(crate) fn uuid4(rng: &mut StdRng) -> String {
+    let mut b: [u8; 16] = rng.random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn object_text(pairs: &[(String, String)]) -> String {
+    let lines: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("  \"{k}\": \"{v}\""))
+        .collect();
+    format!("{{\n{}\n}}", lines.join(",\n"))
+}
+
+/// How many pairs fit `context_tokens`, measured on sample pairs with the model's tokenizer.
+fn pairs_that_fit(params: &SuiteParams<'_>, rng: &mut StdRng) -> usize {
+    let sample: Vec<(String, String)> = (0..16).map(|_| (uuid4(rng), uuid4(rng))).collect();
+    let per_pair = (params.count_tokens)(&object_text(&sample)) as f64 / sample.len() as f64;
+    ((params.context_tokens as f64 / per_pair.max(1.0)) as usize).max(2)
+}
+
+fn question(key: &str) -> String {
+    format!("What is the value of the key \"{key}\" in the JSON object?")
+}
+
+/// One object of `num_pairs` pairs with a question for the pair at each depth.
+fn object_group(
+    suite: SuiteName,
+    index: usize,
+    num_pairs: usize,
+    depths: &[f64],
+    scorer: Scorer,
+    kind: Option<String>,
+    rng: &mut StdRng,
+) -> Group {
+    let pairs: Vec<(String, String)> = (0..num_pairs).map(|_| (uuid4(rng), uuid4(rng))).collect();
+    let id = format!("{}-{index}", suite.as_str());
+    let mut used = std::collections::HashSet::new();
+    let examples = depths
+        .iter()
+        .filter_map(|&d| {
+            let at = (d * (num_pairs - 1) as f64).round() as usize;
+            // Two depths rounding to one pair would ask the same question twice.
+            used.insert(at).then(|| {
+                let (key, value) = &pairs[at];
+                Example {
+                    id: format!("{id}-pair{at}"),
+                    question: question(key),
+                    golds: vec![value.clone()],
+                    scorer,
+                    depth: Some(at as f64 / (num_pairs - 1) as f64),
+                    gold_docs: vec![id.clone()],
+                    kind: kind.clone(),
+                }
+            })
+        })
+        .collect();
+    Group {
+        documents: vec![Document {
+            id: id.clone(),
+            title: "JSON object".into(),
+            text: object_text(&pairs),
+        }],
+        id,
+        examples,
+    }
+}
+
+pub(super) fn kv_retrieval(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Group>> {
+    let num_pairs = pairs_that_fit(params, rng);
+    let depths = swept_depths(params.limit);
+    let groups = params.limit.div_ceil(QUESTIONS_PER_OBJECT);
+    // Example i goes to object i mod groups, so every object covers the whole depth range.
+    Ok((0..groups)
+        .map(|g| {
+            let mine: Vec<f64> = depths.iter().skip(g).step_by(groups).copied().collect();
+            object_group(
+                SuiteName::KvRetrieval,
+                g,
+                num_pairs,
+                &mine,
+                Scorer::WholeWord,
+                None,
+                rng,
+            )
+        })
+        .collect())
+}
+
+pub(super) fn kv_litm(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Group>> {
+    let fit = pairs_that_fit(params, rng);
+    let sizes: Vec<usize> = LITM_PAIRS.iter().copied().filter(|&p| p <= fit).collect();
+    if sizes.is_empty() {
+        return Err(EvalError::Invalid(format!(
+            "kv-litm needs objects of {LITM_PAIRS:?} pairs; {} context tokens hold {fit}: \
+             raise --context-tokens",
+            params.context_tokens
+        )));
+    }
+    let per_size = params.limit.div_ceil(sizes.len());
+    let mut groups = Vec::new();
+    for &size in &sizes {
+        let objects = per_size.div_ceil(LITM_DEPTHS.len());
+        for o in 0..objects {
+            let take = (per_size - o * LITM_DEPTHS.len()).min(LITM_DEPTHS.len());
+            groups.push(object_group(
+                SuiteName::KvLitm,
+                groups.len(),
+                size,
+                &LITM_DEPTHS[..take],
+                Scorer::Substring,
+                Some(format!("pairs={size}")),
+                rng,
+            ));
+        }
+    }
+    Ok(groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suites::test_support::params;
+    use crate::suites::{build, Split};
+
+    #[test]
+    fn kv_retrieval_sweeps_positions_and_fits_the_context() {
+        let p = params(Split::Dev, 25, 2_000);
+        let groups = build(SuiteName::KvRetrieval, &p).unwrap();
+        assert_eq!(groups.len(), 3);
+        let examples: Vec<&Example> = groups.iter().flat_map(|g| &g.examples).collect();
+        assert_eq!(examples.len(), 25);
+        let mut depths: Vec<f64> = examples.iter().map(|e| e.depth.unwrap()).collect();
+        depths.sort_by(f64::total_cmp);
+        assert_eq!(depths[0], 0.0);
+        assert_eq!(depths[24], 1.0);
+        for g in &groups {
+            let tokens = (p.count_tokens)(&g.documents[0].text);
+            assert!((1_700..=2_300).contains(&tokens), "{tokens}");
+            let object: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&g.documents[0].text).unwrap();
+            for e in &g.examples {
+                let key = e.question.split('"').nth(1).unwrap();
+                assert_eq!(object[key], e.golds[0].as_str());
+            }
+        }
+    }
+
+    #[test]
+    fn splits_and_seeds_make_different_objects() {
+        let dev = build(SuiteName::KvRetrieval, &params(Split::Dev, 5, 500)).unwrap();
+        let dev2 = build(SuiteName::KvRetrieval, &params(Split::Dev, 5, 500)).unwrap();
+        let test = build(SuiteName::KvRetrieval, &params(Split::Test, 5, 500)).unwrap();
+        assert_eq!(dev[0].documents[0].text, dev2[0].documents[0].text);
+        assert_ne!(dev[0].documents[0].text, test[0].documents[0].text);
+    }
+
+    #[test]
+    fn uuids_are_version_4() {
+        let mut rng = rand::SeedableRng::seed_from_u64(1);
+        let u = uuid4(&mut rng);
+        assert_eq!(u.len(), 36);
+        assert_eq!(&u[14..15], "4");
+        assert!(matches!(&u[19..20], "8" | "9" | "a" | "b"));
+    }
+
+    #[test]
+    fn kv_litm_uses_the_sizes_that_fit() {
+        // 75 pairs of two UUIDs (~85 characters, ~22 tokens at 4 characters) fit 2,000
+        // tokens; 140 do not.
+        let p = params(Split::Dev, 10, 2_000);
+        let groups = build(SuiteName::KvLitm, &p).unwrap();
+        assert!(groups
+            .iter()
+            .flat_map(|g| &g.examples)
+            .all(|e| e.kind.as_deref() == Some("pairs=75")));
+        assert_eq!(groups.iter().map(|g| g.examples.len()).sum::<usize>(), 10);
+        assert!(build(SuiteName::KvLitm, &params(Split::Dev, 10, 300)).is_err());
+    }
+}

@@ -1,0 +1,520 @@
+//! `triage eval` and `triage calibrate`: run a suite's questions through each system (forced
+//! paths, the routed baselines, the oracle), append every scored answer to `results.jsonl`
+//! (resumable), then write `report.md`, `report.json` and the figures; calibrate runs the rag
+//! and lc systems on the dev split and writes τ with its provenance to a routing TOML.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use triage_eval::calibrate::{self, Floor};
+use triage_eval::report;
+use triage_eval::results::{ResultRow, ResultsFile, RowContext};
+use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
+use triage_retrieval::{ChunkerConfig, CorpusStore};
+use triage_router::routing_config::{Calibration, ClassifierSetting, RagSearch, UNANSWERABLE};
+use triage_router::{Route, RoutePath, RoutingConfig};
+
+use crate::engine::{Engine, TriageConfig};
+use crate::AskRequest;
+
+/// The systems `triage eval` compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum System {
+    /// Closed book.
+    None,
+    /// Top-k dense RAG.
+    Rag,
+    /// Dense + BM25 hybrid RAG.
+    Hybrid,
+    /// The long-context model over the whole corpus.
+    Lc,
+    /// EDAR: the query classifier, then RAG escalating to LC on entropy above τ.
+    Edar,
+    /// Decide-then-retrieve: the closed-book gate, then dual-path RAG; no long context.
+    Dtr,
+    /// Self-Route: a RAG prompt that may answer "unanswerable", then long context.
+    SelfRoute,
+    /// Per query, the cheapest path system that was right.
+    Oracle,
+}
+
+impl System {
+    pub const ALL: [Self; 8] = [
+        Self::None,
+        Self::Rag,
+        Self::Hybrid,
+        Self::Lc,
+        Self::Edar,
+        Self::Dtr,
+        Self::SelfRoute,
+        Self::Oracle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Rag => "rag",
+            Self::Hybrid => "hybrid",
+            Self::Lc => "lc",
+            Self::Edar => "edar",
+            Self::Dtr => "dtr",
+            Self::SelfRoute => "self-route",
+            Self::Oracle => "oracle",
+        }
+    }
+
+    fn route(self) -> Route {
+        match self {
+            Self::None => Route::None,
+            Self::Rag => Route::Rag,
+            Self::Hybrid => Route::Hybrid,
+            Self::Lc => Route::Lc,
+            _ => Route::Auto,
+        }
+    }
+
+    /// The routing settings this system answers with, from the run's base settings.
+    fn routing(self, base: &RoutingConfig, edar_classifier: &ClassifierSetting) -> RoutingConfig {
+        let mut r = base.clone();
+        match self {
+            Self::Edar => {
+                r.classifier = edar_classifier.clone();
+                r.gate_nll = None;
+                r.retrieval.search = RagSearch::Dense;
+                r.retrieval.gain_policy = None;
+                r.monitor.self_route = false;
+                r.actions = vec![RoutePath::Rag, RoutePath::Lc];
+            }
+            Self::Dtr => {
+                r.classifier = ClassifierSetting::Off;
+                r.gate_nll = Some(base.gate_nll.unwrap_or(DTR_GATE_NLL));
+                r.retrieval.search = RagSearch::Dual;
+                r.retrieval.gain_policy = None;
+                r.monitor.self_route = false;
+                r.actions = vec![RoutePath::None, RoutePath::Rag];
+            }
+            Self::SelfRoute => {
+                r.classifier = ClassifierSetting::Off;
+                r.gate_nll = None;
+                r.retrieval.search = RagSearch::Dense;
+                r.retrieval.gain_policy = None;
+                r.monitor.self_route = true;
+                // Only the decline escalates.
+                r.monitor.tau = f32::MAX;
+                r.monitor.combined_score = None;
+                r.monitor.calibration = None;
+                r.actions = vec![RoutePath::Rag, RoutePath::Lc];
+            }
+            // Forced paths ignore the router's stages; their RAG prompt has no decline.
+            Self::None | Self::Rag | Self::Hybrid | Self::Lc | Self::Oracle => {
+                r.monitor.self_route = false;
+            }
+        }
+        r
+    }
+}
+
+/// The gate's threshold for `dtr` when the settings name none: a closed-book answer whose
+/// mean NLL is below 0.3 nats (probability ≈ 0.74 per token) is kept.
+pub const DTR_GATE_NLL: f32 = 0.3;
+
+impl std::str::FromStr for System {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .with_context(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|x| x.as_str()).collect();
+                format!("unknown system {s:?} (one of {})", names.join(", "))
+            })
+    }
+}
+
+/// Parse `none,rag,...`.
+pub fn parse_systems(list: &str) -> Result<Vec<System>> {
+    let mut out: Vec<System> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let s: System = name.parse()?;
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    if out.is_empty() {
+        bail!("--systems names no system");
+    }
+    if out == [System::Oracle] {
+        bail!("the oracle picks among none, rag, hybrid and lc: name some of them too");
+    }
+    Ok(out)
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct EvalConfig {
+    pub suite: SuiteName,
+    pub systems: Vec<System>,
+    pub out: PathBuf,
+    pub limit: usize,
+    pub seed: u64,
+    pub split: Split,
+    pub context_tokens: usize,
+    /// Models and routing settings (defaults when absent).
+    pub config: TriageConfig,
+    /// The classifier `edar` runs first (see `default_edar_classifier`).
+    pub edar_classifier: ClassifierSetting,
+    pub quiet: bool,
+}
+
+/// The defaults of the CPU runs: ≤ 2k-token corpora keep prefill within minutes.
+pub const DEFAULT_CONTEXT_TOKENS: usize = 2_000;
+
+/// The routing settings' classifier; when they have none, the learned one `triage train
+/// classifier` saved, or else the zero-shot router model.
+pub fn default_edar_classifier(config: &RoutingConfig) -> ClassifierSetting {
+    if config.classifier != ClassifierSetting::Off {
+        return config.classifier.clone();
+    }
+    let trained = triage_models::paths::triage_home()
+        .join("policies")
+        .join("classifier.json");
+    if trained.exists() {
+        ClassifierSetting::Learned(trained)
+    } else {
+        ClassifierSetting::ZeroShot
+    }
+}
+
+/// Run (or resume) an evaluation; returns the report.
+pub fn run(config: &EvalConfig) -> Result<report::Report> {
+    let scratch = tempfile::tempdir().context("creating a scratch corpus store")?;
+    let mut triage_config = config.config.clone();
+    let edar = config.edar_classifier.clone();
+    let uses_router = config.systems.contains(&System::Edar)
+        && matches!(
+            edar,
+            ClassifierSetting::ZeroShot | ClassifierSetting::ZeroShotThreshold(_)
+        );
+    if uses_router {
+        // Load the router model with the engine: it is only loaded for a zero-shot setting.
+        triage_config.routing.classifier = edar.clone();
+    }
+    triage_config.prefix_dir = Some(scratch.path().join("prefixes"));
+    triage_config.corpora.clear();
+    let base_routing = config.config.routing.clone();
+    let mut engine = Engine::new(triage_config)?.with_store(scratch.path());
+    let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
+    let params = SuiteParams {
+        split: config.split,
+        seed: config.seed,
+        limit: config.limit,
+        context_tokens: config.context_tokens,
+        count_tokens: &count,
+        data_dir: triage_models::paths::data_dir(),
+    };
+    let groups = suites::build(config.suite, &params)?;
+    // Unanswerable questions are right only when abstained from: every system may abstain.
+    let mut base_routing = base_routing;
+    if groups
+        .iter()
+        .flat_map(|g| &g.examples)
+        .any(|e| e.golds.is_empty())
+    {
+        base_routing.abstain = true;
+    }
+    let mut results = ResultsFile::open(&config.out)?;
+    if let Some(r) = results.rows().first() {
+        if r.suite != config.suite.as_str() || r.split != config.split.as_str() {
+            bail!(
+                "{} holds a {} {} run; use another --out for {} {}",
+                config.out.display(),
+                r.suite,
+                r.split,
+                config.suite.as_str(),
+                config.split.as_str()
+            );
+        }
+    }
+    let answering: Vec<System> = config
+        .systems
+        .iter()
+        .copied()
+        .filter(|s| *s != System::Oracle)
+        .collect();
+    let total: usize =
+        groups.iter().map(|g| g.examples.len()).sum::<usize>() * config.systems.len();
+    let done = groups
+        .iter()
+        .flat_map(|g| &g.examples)
+        .flat_map(|e| config.systems.iter().map(move |s| (s, e)))
+        .filter(|(s, e)| results.is_done(s.as_str(), &e.id))
+        .count();
+    let bar = if config.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} answers, eta {eta} {msg}",
+        )
+        .context("progress bar template")?,
+    );
+    bar.set_prefix(format!(
+        "{} {}",
+        config.suite.as_str(),
+        config.split.as_str()
+    ));
+    bar.set_position(done as u64);
+    let embedder = crate::retrieve::load_embedder(&config.config.models.embedder)?;
+    let tokenizer = embedder.model.tokenizer().clone();
+    let store = CorpusStore::new(scratch.path());
+    let mut previous: Vec<String> = Vec::new();
+    for (gi, group) in groups.iter().enumerate() {
+        let pending = group.examples.iter().any(|e| {
+            config
+                .systems
+                .iter()
+                .any(|s| !results.is_done(s.as_str(), &e.id))
+        });
+        if !pending {
+            continue;
+        }
+        bar.set_message(format!("corpus {}/{}: prefilling", gi + 1, groups.len()));
+        load_group(&mut engine, &store, &embedder, &tokenizer, group, &previous)?;
+        previous = group.documents.iter().map(|d| d.id.clone()).collect();
+        bar.set_message(format!("corpus {}/{}", gi + 1, groups.len()));
+        let at = RowContext {
+            suite: config.suite.as_str(),
+            split: config.split.as_str(),
+            group: &group.id,
+        };
+        for example in &group.examples {
+            for &system in &answering {
+                if results.is_done(system.as_str(), &example.id) {
+                    continue;
+                }
+                engine.set_routing(system.routing(&base_routing, &edar))?;
+                let answer = engine
+                    .ask(&AskRequest {
+                        corpus: EVAL_CORPUS.into(),
+                        question: example.question.clone(),
+                        route: system.route(),
+                        tau: None,
+                        max_tokens: None,
+                    })
+                    .with_context(|| format!("{} on {}", system.as_str(), example.id))?;
+                let score = example
+                    .scorer
+                    .score(&answer.text, &example.golds, UNANSWERABLE);
+                results.append(ResultRow::from_answer(
+                    &at,
+                    system.as_str(),
+                    example,
+                    &answer,
+                    score,
+                )?)?;
+                bar.inc(1);
+            }
+            if config.systems.contains(&System::Oracle) && !results.is_done("oracle", &example.id) {
+                let rows: Vec<&ResultRow> = results
+                    .rows()
+                    .iter()
+                    .filter(|r| r.example == example.id)
+                    .collect();
+                if let Some(row) = report::oracle_row(&rows) {
+                    results.append(row)?;
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let rows: Vec<ResultRow> = results.rows().to_vec();
+    write_report(&rows, &config.out, config.seed)
+}
+
+/// The engine's name for the corpus being evaluated.
+const EVAL_CORPUS: &str = "eval";
+
+/// Replace the scratch corpus's documents with the group's and load it (prefilling and
+/// pinning its long-context prefix).
+fn load_group(
+    engine: &mut Engine,
+    store: &CorpusStore,
+    embedder: &triage_retrieval::BertEmbedder,
+    tokenizer: &dyn triage_retrieval::chunker::TokenOffsets,
+    group: &Group,
+    previous: &[String],
+) -> Result<()> {
+    let stale: Vec<String> = previous
+        .iter()
+        .filter(|id| !group.documents.iter().any(|d| &d.id == *id))
+        .cloned()
+        .collect();
+    store.ingest(
+        EVAL_CORPUS,
+        &group.documents,
+        &stale,
+        embedder,
+        tokenizer,
+        ChunkerConfig::default(),
+    )?;
+    let info = engine.load_corpus(EVAL_CORPUS)?;
+    if let Some(why) = info.long_context_unavailable {
+        bail!(
+            "group {}: the long-context model cannot take the corpus ({why}); lower \
+             --context-tokens",
+            group.id
+        );
+    }
+    Ok(())
+}
+
+/// Write `report.md`, `report.json` and the figures for `rows` into `dir`.
+pub fn write_report(rows: &[ResultRow], dir: &Path, seed: u64) -> Result<report::Report> {
+    let r = report::build(rows, seed);
+    let md = dir.join("report.md");
+    std::fs::write(&md, report::markdown(&r))
+        .with_context(|| format!("writing {}", md.display()))?;
+    let json = dir.join("report.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&r)?)
+        .with_context(|| format!("writing {}", json.display()))?;
+    triage_eval::plots::write_all(&r, dir)?;
+    Ok(r)
+}
+
+/// What `triage calibrate` writes: a `[routing.monitor]` table the engine and the server read.
+#[derive(Debug, Serialize)]
+struct CalibratedFile {
+    routing: CalibratedRouting,
+}
+
+#[derive(Debug, Serialize)]
+struct CalibratedRouting {
+    monitor: CalibratedMonitor,
+}
+
+#[derive(Debug, Serialize)]
+struct CalibratedMonitor {
+    tau: f32,
+    window: usize,
+    estimator: triage_engine::entropy_monitor::EntropyEstimator,
+    unit: triage_engine::entropy_monitor::EntropyUnit,
+    calibration: Calibration,
+}
+
+/// The routing TOML for a calibration.
+pub fn calibrated_toml(tau: f64, calibration: &Calibration) -> Result<String> {
+    let file = CalibratedFile {
+        routing: CalibratedRouting {
+            monitor: CalibratedMonitor {
+                tau: tau as f32,
+                window: calibration.window,
+                estimator: calibration.estimator,
+                unit: calibration.unit,
+                calibration: calibration.clone(),
+            },
+        },
+    };
+    Ok(format!(
+        "# Written by `triage calibrate` on the {} split of {} ({} queries).\n{}",
+        calibration.split,
+        calibration.suite,
+        calibration.queries,
+        toml::to_string(&file).context("writing the calibration as TOML")?
+    ))
+}
+
+/// `triage calibrate`: run rag and lc on the dev split (resumable, in `runs`), choose τ, write
+/// `out`; returns the choice and the sweep.
+pub fn calibrate(
+    config: &EvalConfig,
+    out: &Path,
+    grid: (f64, f64, f64),
+    floor: Floor,
+) -> Result<(calibrate::Chosen, Calibration)> {
+    if config.split != Split::Dev {
+        bail!("τ is calibrated on the dev split only (--split dev); test is for reporting");
+    }
+    let mut run_config = config.clone();
+    run_config.systems = vec![System::Rag, System::Lc];
+    run(&run_config)?;
+    let results = ResultsFile::open(&config.out)?;
+    let (chosen, calibration) = calibrate::calibrate(results.rows(), grid, floor)?;
+    let text = calibrated_toml(chosen.tau, &calibration)?;
+    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    Ok((chosen, calibration))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systems_parse_and_each_baseline_has_its_settings() {
+        assert_eq!(
+            parse_systems("rag, lc,rag,oracle").unwrap(),
+            [System::Rag, System::Lc, System::Oracle]
+        );
+        assert!(parse_systems("rag,psychic").is_err());
+        assert!(parse_systems("oracle").is_err());
+        assert!(parse_systems(",").is_err());
+        let base = RoutingConfig::default();
+        let zero = ClassifierSetting::ZeroShot;
+        let edar = System::Edar.routing(&base, &zero);
+        assert_eq!(edar.classifier, zero);
+        assert_eq!(edar.actions, [RoutePath::Rag, RoutePath::Lc]);
+        assert!(!edar.monitor.self_route && edar.gate_nll.is_none());
+        let dtr = System::Dtr.routing(&base, &zero);
+        assert_eq!(dtr.gate_nll, Some(DTR_GATE_NLL));
+        assert_eq!(dtr.retrieval.search, RagSearch::Dual);
+        assert!(!dtr.allows(RoutePath::Lc));
+        let sr = System::SelfRoute.routing(&base, &zero);
+        assert!(sr.monitor.self_route && sr.classifier == ClassifierSetting::Off);
+        assert!(sr.validate().is_ok());
+        assert!(!System::Rag.routing(&base, &zero).monitor.self_route);
+        assert_eq!(System::Hybrid.route(), Route::Hybrid);
+        assert_eq!(System::Edar.route(), Route::Auto);
+    }
+
+    #[test]
+    fn the_calibrated_file_is_a_routing_config_the_engine_reads() {
+        let calibration = Calibration {
+            model: "qwen2.5-coder-0.5b".into(),
+            estimator: Default::default(),
+            unit: Default::default(),
+            window: 30,
+            suite: "squad-v2".into(),
+            split: "dev".into(),
+            queries: 40,
+            data_sha256: "ab".repeat(32),
+            rule: "elbow".into(),
+            accuracy: 0.7,
+            rag_accuracy: 0.5,
+            lc_accuracy: 0.72,
+            escalation_rate: 0.4,
+            accuracy_retained: 0.97,
+            token_reduction: 0.3,
+        };
+        let text = calibrated_toml(0.85, &calibration).unwrap();
+        let config = TriageConfig::from_toml_str(&text).unwrap();
+        assert_eq!(config.routing.monitor.tau, 0.85);
+        assert_eq!(
+            config.routing.monitor.calibration.as_ref(),
+            Some(&calibration)
+        );
+        config.routing.validate().unwrap();
+        // Changing the estimator after calibrating is refused.
+        let edited = text.replace(
+            "[routing.monitor]\n",
+            "[routing.monitor]\nunit = \"bits\"\n",
+        );
+        let edited = edited.replacen("unit = \"nats\"\n", "", 1);
+        let config = TriageConfig::from_toml_str(&edited).unwrap();
+        let err = config.routing.validate().unwrap_err().to_string();
+        assert!(err.contains("calibrated"), "{err}");
+    }
+}

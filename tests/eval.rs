@@ -1,0 +1,87 @@
+//! `triage eval` end to end on a tiny random model: every system answers every query of a
+//! generated suite, the oracle is derived, the report, its JSON and its figures are written, and
+//! an interrupted run resumes without asking again what it already has.
+
+mod common;
+
+use std::path::Path;
+
+use triage::eval::{self, EvalConfig, System};
+use triage_eval::suites::{Split, SuiteName};
+use triage_router::routing_config::ClassifierSetting;
+
+fn config(dir: &Path, out: &Path) -> EvalConfig {
+    EvalConfig {
+        suite: SuiteName::KvRetrieval,
+        systems: vec![System::Rag, System::Lc, System::Edar, System::Oracle],
+        out: out.to_path_buf(),
+        limit: 3,
+        seed: 1,
+        split: Split::Dev,
+        context_tokens: 300,
+        config: common::tiny_config(dir),
+        edar_classifier: ClassifierSetting::Off,
+        quiet: true,
+    }
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let config = config(dir.path(), &out);
+    let report = eval::run(&config).unwrap();
+    assert_eq!(report.queries, 3);
+    let names: Vec<&str> = report.systems.iter().map(|s| s.system.as_str()).collect();
+    assert_eq!(names, ["rag", "lc", "edar", "oracle"]);
+    let lc = &report.systems[1];
+    assert_eq!(lc.lc_rate, 1.0);
+    // The long-context answers find the corpus prefix cached.
+    assert!(lc.computed_tokens < lc.tokens.value / 2.0, "{lc:?}");
+    let results = out.join("results.jsonl");
+    let first = lines(&results);
+    assert_eq!(first.len(), 12);
+    for name in ["report.md", "report.json", "tau_sweep.png", "tau_sweep.svg"] {
+        assert!(out.join(name).exists(), "{name}");
+    }
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| oracle |") && md.contains("kv-retrieval (dev split)"));
+    // Interrupted after five answers: a rerun keeps them and answers the rest.
+    std::fs::write(&results, first[..5].join("\n") + "\n").unwrap();
+    eval::run(&config).unwrap();
+    let resumed = lines(&results);
+    assert_eq!(resumed.len(), 12);
+    assert_eq!(resumed[..5], first[..5]);
+    // A finished run asks nothing again.
+    eval::run(&config).unwrap();
+    assert_eq!(lines(&results), resumed);
+    // Another suite into the same folder is refused.
+    let mut other = config.clone();
+    other.suite = SuiteName::Passkey;
+    let err = eval::run(&other).unwrap_err().to_string();
+    assert!(err.contains("holds a kv-retrieval dev run"), "{err}");
+}
+
+#[test]
+fn calibration_is_refused_on_the_test_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), &dir.path().join("run"));
+    config.split = Split::Test;
+    let err = eval::calibrate(
+        &config,
+        &dir.path().join("routing.toml"),
+        (0.5, 2.5, 0.05),
+        triage_eval::calibrate::Floor::None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("dev split only"), "{err}");
+}
