@@ -376,6 +376,7 @@ long_context = "qwen2.5-coder-0.5b"
 classifier = { learned = "/tmp/classifier.json" }
 gate_nll = 0.2
 actions = ["none", "rag", "hybrid", "lc"]
+abstain = true
 
 [routing.retrieval]
 search = "dual"
@@ -406,6 +407,7 @@ completion = 9.0
         );
         assert_eq!(r.gate_nll, Some(0.2));
         assert_eq!(r.actions.len(), 4);
+        assert!(r.abstain);
         assert_eq!(r.retrieval.search, RagSearch::Dual);
         assert_eq!(r.retrieval.rerank, RerankSetting::Llm);
         assert_eq!(r.monitor.tau, 0.6);

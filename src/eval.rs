@@ -507,6 +507,12 @@ mod tests {
             Some(&calibration)
         );
         config.routing.validate().unwrap();
+        let server = triage_server::config::ServerConfig::from_toml(&text).unwrap();
+        assert_eq!(
+            server.routing.monitor.calibration,
+            Some(calibration.clone())
+        );
+        server.validate().unwrap();
         // Changing the estimator after calibrating is refused.
         let edited = text.replace(
             "[routing.monitor]\n",

@@ -150,6 +150,54 @@ fn bad_input_is_a_clear_error() {
             "max_tokens",
         ),
         (vec!["generate", "--model", &model], "--prompt"),
+        (
+            vec!["eval", "--suite", "trivia", "--out", "/tmp/x"],
+            "unknown suite \"trivia\"",
+        ),
+        (
+            vec![
+                "eval",
+                "--suite",
+                "passkey",
+                "--out",
+                "/tmp/x",
+                "--systems",
+                "rag,psychic",
+            ],
+            "unknown system \"psychic\"",
+        ),
+        (
+            vec![
+                "eval", "--suite", "passkey", "--out", "/tmp/x", "--split", "train",
+            ],
+            "dev or test",
+        ),
+        (
+            vec![
+                "calibrate",
+                "--suite",
+                "squad-v2",
+                "--out",
+                "/tmp/r.toml",
+                "--split",
+                "test",
+            ],
+            "dev split only",
+        ),
+        (
+            vec![
+                "calibrate",
+                "--suite",
+                "squad-v2",
+                "--out",
+                "/tmp/r.toml",
+                "--min-accuracy",
+                "0.7",
+                "--min-retained",
+                "0.9",
+            ],
+            "cannot be used with",
+        ),
     ];
     for (args, needle) in cases {
         assert_clean_failure(&triage(&args), needle);

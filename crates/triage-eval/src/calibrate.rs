@@ -220,6 +220,7 @@ mod tests {
         RagLcPair {
             example: String::new(),
             statistic: Some(statistic),
+            declined: false,
             rag_value: f64::from(u8::from(rag)),
             lc_value: f64::from(u8::from(lc)),
             rag_tokens: 100.0,

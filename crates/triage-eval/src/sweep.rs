@@ -7,7 +7,10 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use triage_router::routing_config::UNANSWERABLE;
+
 use crate::results::ResultRow;
+use crate::scoring::abstains;
 
 /// One query's two answers.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,6 +18,8 @@ pub struct RagLcPair {
     pub example: String,
     /// The monitor statistic of the RAG answer; `None` (no answer token) always escalates.
     pub statistic: Option<f64>,
+    /// The RAG answer abstained ("unanswerable"): it escalates whatever τ, as in the pipeline.
+    pub declined: bool,
     pub rag_value: f64,
     pub lc_value: f64,
     pub rag_tokens: f64,
@@ -25,7 +30,7 @@ pub struct RagLcPair {
 
 impl RagLcPair {
     pub fn escalates(&self, tau: f64) -> bool {
-        self.statistic.is_none_or(|s| s > tau)
+        self.declined || self.statistic.is_none_or(|s| s > tau)
     }
 }
 
@@ -43,6 +48,7 @@ pub fn rag_lc_pairs(rows: &[ResultRow]) -> Vec<RagLcPair> {
             Some(RagLcPair {
                 example: r.example.clone(),
                 statistic: r.rag_statistic,
+                declined: abstains(&r.answer, UNANSWERABLE),
                 rag_value: r.score.value,
                 lc_value: l.score.value,
                 rag_tokens: r.total_tokens() as f64,
@@ -140,6 +146,7 @@ mod tests {
         RagLcPair {
             example: String::new(),
             statistic,
+            declined: false,
             rag_value: f64::from(u8::from(rag)),
             lc_value: f64::from(u8::from(lc)),
             rag_tokens: 100.0,
@@ -163,6 +170,10 @@ mod tests {
         assert!((p.mean_cost - 23.0 / 3.0).abs() < 1e-9);
         // At τ = 0.9 the second query stays on RAG (not strictly above).
         assert!((point(&pairs, 0.9).accuracy - 2.0 / 3.0).abs() < 1e-12);
+        // A declined answer escalates at any τ.
+        let mut declined = pairs[0].clone();
+        declined.declined = true;
+        assert!(declined.escalates(f64::INFINITY) && !pairs[0].escalates(f64::INFINITY));
     }
 
     #[test]

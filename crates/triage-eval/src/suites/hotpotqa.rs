@@ -62,3 +62,56 @@ pub(super) fn hotpotqa(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     }
     Ok(groups)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::suites::test_support::params;
+    use crate::suites::{build, Split, SuiteName};
+
+    #[test]
+    fn hotpotqa_packs_questions_until_the_context_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<serde_json::Value> = (0..40)
+            .map(|q| {
+                let context: Vec<serde_json::Value> = (0..4)
+                    .map(|p| {
+                        serde_json::json!([
+                            format!("Title {q}-{p}"),
+                            ["Some words here. ".repeat(10)]
+                        ])
+                    })
+                    .collect();
+                serde_json::json!({"_id": format!("q{q}"), "question": format!("Question {q}?"),
+                    "answer": "yes", "supporting_facts": [[format!("Title {q}-0"), 0]],
+                    "context": context})
+            })
+            .collect();
+        std::fs::write(
+            dir.path().join("hotpotqa.json"),
+            serde_json::Value::from(records).to_string(),
+        )
+        .unwrap();
+        let make = |split| {
+            let mut p = params(split, 10, 500);
+            p.data_dir = dir.path().to_path_buf();
+            build(SuiteName::Hotpotqa, &p).unwrap()
+        };
+        let (dev, test) = (make(Split::Dev), make(Split::Test));
+        let ids = |g: &[crate::suites::Group]| -> Vec<String> {
+            g.iter()
+                .flat_map(|g| g.examples.iter().map(|e| e.id.clone()))
+                .collect()
+        };
+        let (d, t) = (ids(&dev), ids(&test));
+        assert_eq!((d.len(), t.len()), (10, 10));
+        assert!(d.iter().all(|id| !t.contains(id)));
+        for g in &dev {
+            // 40 tokens a paragraph, 160 a question: a group closes once it reaches 500.
+            assert!(g.examples.len() <= 4);
+            for e in &g.examples {
+                assert!(g.documents.iter().any(|d| d.id == e.gold_docs[0]));
+                assert_eq!(e.golds, ["yes"]);
+            }
+        }
+    }
+}
