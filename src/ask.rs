@@ -1,7 +1,6 @@
 //! `triage ask`: one question through the routing pipeline, from the command line.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
 use serde_json::json;
@@ -17,28 +16,17 @@ pub struct AskCommand {
     pub route: Route,
     pub tau: Option<f32>,
     pub max_tokens: Option<usize>,
-    pub config: Option<PathBuf>,
-    /// Model overrides (name or path) of the config's roles.
-    pub base: Option<String>,
-    pub long_context: Option<String>,
+    /// Models and routing settings (the config file with the command line's overrides).
+    pub config: TriageConfig,
     pub json: bool,
-}
-
-/// The engine config of `cmd`: its file (or the defaults) with the overrides applied, loading
-/// only the asked corpus.
-pub fn config_for(cmd: &AskCommand) -> Result<TriageConfig> {
-    let mut config = TriageConfig::load_with(
-        cmd.config.as_deref(),
-        cmd.base.as_deref(),
-        cmd.long_context.as_deref(),
-    )?;
-    config.corpora = vec![cmd.corpus.clone()];
-    Ok(config)
 }
 
 /// Run the question; prints the answer as it streams (or one JSON object with `--json`).
 pub fn ask(cmd: &AskCommand) -> Result<()> {
-    let mut engine = Engine::new(config_for(cmd)?)?;
+    // Only the asked corpus is loaded.
+    let mut config = cmd.config.clone();
+    config.corpora = vec![cmd.corpus.clone()];
+    let mut engine = Engine::new(config)?;
     let request = AskRequest {
         corpus: cmd.corpus.clone(),
         question: cmd.question.clone(),

@@ -53,6 +53,30 @@ enum Command {
     },
 }
 
+/// The engine's config file and model overrides (`ask`, `eval`, `calibrate`).
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// Engine config (TOML): models by role, corpora, `[routing]`.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+    /// Base model (name or path) instead of the config's.
+    #[arg(long)]
+    base: Option<String>,
+    /// Long-context model (name or path) instead of the config's.
+    #[arg(long)]
+    long_context: Option<String>,
+}
+
+impl EngineArgs {
+    fn load(&self) -> Result<triage::TriageConfig> {
+        Ok(triage::TriageConfig::load_with(
+            self.config.as_deref(),
+            self.base.as_deref(),
+            self.long_context.as_deref(),
+        )?)
+    }
+}
+
 /// What both `eval` and `calibrate` take.
 #[derive(clap::Args)]
 struct SuiteArgs {
@@ -67,14 +91,8 @@ struct SuiteArgs {
     /// Target corpus length of each group, in the long-context model's tokens.
     #[arg(long, default_value_t = triage::eval::DEFAULT_CONTEXT_TOKENS)]
     context_tokens: usize,
-    /// Engine TOML: models by role and the [routing] settings the systems start from.
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-    /// Model overrides (name or path).
-    #[arg(long)]
-    base: Option<String>,
-    #[arg(long)]
-    long_context: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -182,15 +200,8 @@ struct AskArgs {
     tau: Option<f32>,
     #[arg(long)]
     max_tokens: Option<usize>,
-    /// Engine config (TOML): models by role, corpora, `[routing]`.
-    #[arg(long)]
-    config: Option<std::path::PathBuf>,
-    /// Base model (name or path) instead of the config's.
-    #[arg(long)]
-    base: Option<String>,
-    /// Long-context model (name or path) instead of the config's.
-    #[arg(long)]
-    long_context: Option<String>,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Print one JSON object: answer, route (the decision record), usage, timings.
     #[arg(long)]
     json: bool,
@@ -421,9 +432,7 @@ fn run(cli: Cli) -> Result<()> {
             route: args.route.parse()?,
             tau: args.tau,
             max_tokens: args.max_tokens,
-            config: args.config,
-            base: args.base,
-            long_context: args.long_context,
+            config: args.engine.load()?,
             json: args.json,
         }),
         Command::Train { command } => train(command),
@@ -439,11 +448,7 @@ fn eval_config(
     out: std::path::PathBuf,
     systems: Vec<triage::eval::System>,
 ) -> Result<triage::eval::EvalConfig> {
-    let config = triage::TriageConfig::load_with(
-        args.config.as_deref(),
-        args.base.as_deref(),
-        args.long_context.as_deref(),
-    )?;
+    let config = args.engine.load()?;
     Ok(triage::eval::EvalConfig {
         suite: args.suite.parse()?,
         systems,

@@ -217,17 +217,7 @@ mod tests {
     use super::*;
 
     fn pair(statistic: f64, rag: bool, lc: bool) -> RagLcPair {
-        RagLcPair {
-            example: String::new(),
-            statistic: Some(statistic),
-            declined: false,
-            rag_value: f64::from(u8::from(rag)),
-            lc_value: f64::from(u8::from(lc)),
-            rag_tokens: 100.0,
-            lc_tokens: 1_000.0,
-            rag_cost: 1.0,
-            lc_cost: 10.0,
-        }
+        crate::sweep::tests::pair(Some(statistic), rag, lc)
     }
 
     /// RAG is right below statistic 1.0 and wrong from it on; LC is always right.

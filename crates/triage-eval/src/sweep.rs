@@ -139,10 +139,11 @@ pub fn curve_area(pairs: &[RagLcPair]) -> Option<CurveArea> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pair(statistic: Option<f64>, rag: bool, lc: bool) -> RagLcPair {
+    /// A query whose RAG answer costs 100 tokens (cost 1) and whose LC answer costs 1,000 (10).
+    pub(crate) fn pair(statistic: Option<f64>, rag: bool, lc: bool) -> RagLcPair {
         RagLcPair {
             example: String::new(),
             statistic,
