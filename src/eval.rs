@@ -187,8 +187,16 @@ pub fn default_edar_classifier(config: &RoutingConfig) -> ClassifierSetting {
     }
 }
 
-/// Run (or resume) an evaluation; returns the report.
-pub fn run(config: &EvalConfig) -> Result<report::Report> {
+/// A finished run: the rows of the suite's current questions and their report.
+#[derive(Debug)]
+pub struct EvalRun {
+    pub rows: Vec<ResultRow>,
+    pub report: report::Report,
+}
+
+/// Run (or resume) an evaluation; the report covers the questions the suite has at this
+/// `--limit` (rows of others, from an earlier run with another limit, stay in the file).
+pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     let scratch = tempfile::tempdir().context("creating a scratch corpus store")?;
     let mut triage_config = config.config.clone();
     let edar = config.edar_classifier.clone();
@@ -332,8 +340,19 @@ pub fn run(config: &EvalConfig) -> Result<report::Report> {
         }
     }
     bar.finish_and_clear();
-    let rows: Vec<ResultRow> = results.rows().to_vec();
-    write_report(&rows, &config.out, config.seed)
+    let current: std::collections::HashSet<&str> = groups
+        .iter()
+        .flat_map(|g| &g.examples)
+        .map(|e| e.id.as_str())
+        .collect();
+    let rows: Vec<ResultRow> = results
+        .rows()
+        .iter()
+        .filter(|r| current.contains(r.example.as_str()))
+        .cloned()
+        .collect();
+    let report = write_report(&rows, &config.out, config.seed)?;
+    Ok(EvalRun { rows, report })
 }
 
 /// The engine's name for the corpus being evaluated.
@@ -441,9 +460,8 @@ pub fn calibrate(
     }
     let mut run_config = config.clone();
     run_config.systems = vec![System::Rag, System::Lc];
-    run(&run_config)?;
-    let results = ResultsFile::open(&config.out)?;
-    let (chosen, calibration) = calibrate::calibrate(results.rows(), grid, floor)?;
+    let done = run(&run_config)?;
+    let (chosen, calibration) = calibrate::calibrate(&done.rows, grid, floor)?;
     let text = calibrated_toml(chosen.tau, &calibration)?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok((chosen, calibration))

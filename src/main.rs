@@ -466,7 +466,7 @@ fn eval_config(
 fn eval(args: EvalArgs) -> Result<()> {
     let systems = triage::eval::parse_systems(&args.systems)?;
     let config = eval_config(args.suite, &args.split, args.out, systems)?;
-    let report = triage::eval::run(&config)?;
+    let report = triage::eval::run(&config)?.report;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

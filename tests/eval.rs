@@ -18,7 +18,7 @@ fn config(dir: &Path, out: &Path) -> EvalConfig {
         limit: 3,
         seed: 1,
         split: Split::Dev,
-        context_tokens: 300,
+        context_tokens: 1_200,
         config: common::tiny_config(dir),
         edar_classifier: ClassifierSetting::Off,
         quiet: true,
@@ -38,7 +38,7 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let config = config(dir.path(), &out);
-    let report = eval::run(&config).unwrap();
+    let report = eval::run(&config).unwrap().report;
     assert_eq!(report.queries, 3);
     let names: Vec<&str> = report.systems.iter().map(|s| s.system.as_str()).collect();
     assert_eq!(names, ["rag", "lc", "edar", "oracle"]);
@@ -63,6 +63,16 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
     // A finished run asks nothing again.
     eval::run(&config).unwrap();
     assert_eq!(lines(&results), resumed);
+    // A smaller limit reports on its own questions only; a larger one only adds answers.
+    let mut fewer = config.clone();
+    fewer.limit = 2;
+    let run = eval::run(&fewer).unwrap();
+    assert_eq!((run.report.queries, run.rows.len()), (2, 8));
+    let mut more = config.clone();
+    more.limit = 4;
+    assert_eq!(eval::run(&more).unwrap().report.queries, 4);
+    let grown = lines(&results);
+    assert_eq!((grown.len(), &grown[..12]), (16, &resumed[..]));
     // Another suite into the same folder is refused.
     let mut other = config.clone();
     other.suite = SuiteName::Passkey;

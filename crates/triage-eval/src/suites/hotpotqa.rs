@@ -18,7 +18,8 @@ pub(super) fn hotpotqa(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     let mut titles = HashSet::new();
     let mut total = 0;
     for item in crate::datasets::hotpotqa_items(&path, MAX_QUESTIONS_READ)? {
-        if total >= params.limit {
+        // The last group is filled to its length too, so a larger limit keeps its corpus.
+        if total >= params.limit && tokens >= params.context_tokens {
             break;
         }
         if split_of(&item.example.id) != params.split {

@@ -1,18 +1,17 @@
 //! Key-value retrieval suites: a JSON object of random UUID4 keys and values, one pair per
 //! line, with questions asking for the value of a key at a known position. `kv-retrieval`
-//! (∞Bench Retrieve.KV) sweeps the gold position linearly across examples; `kv-litm` (lost in
-//! the middle) puts it at chosen positions in objects of 75, 140 and 300 pairs.
+//! (∞Bench Retrieve.KV) asks ten questions per object at depths 0, 1/9, ..., 1, so the gold
+//! position sweeps linearly across examples; `kv-litm` (lost in the middle) puts it at five
+//! chosen positions in objects of 75, 140 and 300 pairs, taken in turn.
 
 use rand::rngs::StdRng;
 use rand::Rng;
 use triage_retrieval::Document;
 
-use super::{swept_depths, Example, Group, SuiteName, SuiteParams};
+use super::{Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
 
-/// Questions asked over one object in `kv-retrieval`.
-const QUESTIONS_PER_OBJECT: usize = 10;
 /// The gold positions of `kv-litm`, as depths.
 const LITM_DEPTHS: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
 /// The object sizes of `kv-litm`.
@@ -98,17 +97,13 @@ fn object_group(
 
 pub(super) fn kv_retrieval(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Group>> {
     let num_pairs = pairs_that_fit(params, rng);
-    let depths = swept_depths(params.limit);
-    let groups = params.limit.div_ceil(QUESTIONS_PER_OBJECT);
-    // Example i goes to object i mod groups, so every object covers the whole depth range.
-    Ok((0..groups)
+    Ok((0..params.limit.div_ceil(SPREAD_DEPTHS.len()))
         .map(|g| {
-            let mine: Vec<f64> = depths.iter().skip(g).step_by(groups).copied().collect();
             object_group(
                 SuiteName::KvRetrieval,
                 g,
                 num_pairs,
-                &mine,
+                &SPREAD_DEPTHS,
                 Scorer::WholeWord,
                 None,
                 rng,
@@ -127,24 +122,20 @@ pub(super) fn kv_litm(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<
             params.context_tokens
         )));
     }
-    let per_size = params.limit.div_ceil(sizes.len());
-    let mut groups = Vec::new();
-    for &size in &sizes {
-        let objects = per_size.div_ceil(LITM_DEPTHS.len());
-        for o in 0..objects {
-            let take = (per_size - o * LITM_DEPTHS.len()).min(LITM_DEPTHS.len());
-            groups.push(object_group(
+    Ok((0..params.limit.div_ceil(LITM_DEPTHS.len()))
+        .map(|o| {
+            let size = sizes[o % sizes.len()];
+            object_group(
                 SuiteName::KvLitm,
-                groups.len(),
+                o,
                 size,
-                &LITM_DEPTHS[..take],
+                &LITM_DEPTHS,
                 Scorer::Substring,
                 Some(format!("pairs={size}")),
                 rng,
-            ));
-        }
-    }
-    Ok(groups)
+            )
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -160,10 +151,15 @@ mod tests {
         assert_eq!(groups.len(), 3);
         let examples: Vec<&Example> = groups.iter().flat_map(|g| &g.examples).collect();
         assert_eq!(examples.len(), 25);
-        let mut depths: Vec<f64> = examples.iter().map(|e| e.depth.unwrap()).collect();
-        depths.sort_by(f64::total_cmp);
-        assert_eq!(depths[0], 0.0);
-        assert_eq!(depths[24], 1.0);
+        // The last object, cut to five questions, still spans the object.
+        let last: Vec<f64> = groups[2]
+            .examples
+            .iter()
+            .map(|e| e.depth.unwrap())
+            .collect();
+        assert_eq!(last.len(), 5);
+        assert!(last.contains(&0.0) && last.contains(&1.0), "{last:?}");
+        assert!(last.iter().any(|d| (0.3..0.7).contains(d)), "{last:?}");
         for g in &groups {
             let tokens = (p.count_tokens)(&g.documents[0].text);
             assert!((1_700..=2_300).contains(&tokens), "{tokens}");
@@ -173,6 +169,17 @@ mod tests {
                 let key = e.question.split('"').nth(1).unwrap();
                 assert_eq!(object[key], e.golds[0].as_str());
             }
+        }
+    }
+
+    #[test]
+    fn a_larger_limit_only_appends_questions() {
+        let small = build(SuiteName::KvRetrieval, &params(Split::Dev, 13, 500)).unwrap();
+        let large = build(SuiteName::KvRetrieval, &params(Split::Dev, 40, 500)).unwrap();
+        for (a, b) in small.iter().zip(&large) {
+            assert_eq!(a.documents[0].text, b.documents[0].text);
+            let ids = |g: &Group| g.examples.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+            assert_eq!(ids(a), ids(b)[..a.examples.len()]);
         }
     }
 
@@ -200,6 +207,7 @@ mod tests {
         // tokens; 140 do not.
         let p = params(Split::Dev, 10, 2_000);
         let groups = build(SuiteName::KvLitm, &p).unwrap();
+        assert_eq!(groups.len(), 2);
         assert!(groups
             .iter()
             .flat_map(|g| &g.examples)

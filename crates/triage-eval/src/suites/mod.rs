@@ -1,6 +1,9 @@
 //! Evaluation suites: seeded generators (kv-retrieval, kv-litm, passkey, niah, synth-summary)
 //! and loaders (squad-v2, hotpotqa), each a list of `Group`s — one corpus and the questions
-//! asked over it — for a dev or a test split that never share an example.
+//! asked over it — for a dev or a test split that never share an example. Groups never depend on
+//! `--limit`: a suite makes whole groups until it has enough questions and the limit then cuts
+//! the question list, so raising the limit of a run only appends questions, and every question
+//! already answered keeps its corpus.
 
 mod hotpotqa;
 mod kv;
@@ -207,6 +210,13 @@ pub fn build(name: SuiteName, params: &SuiteParams<'_>) -> Result<Vec<Group>> {
         SuiteName::Hotpotqa => hotpotqa::hotpotqa(params)?,
         SuiteName::SynthSummary => synth_summary::synth_summary(params, &mut rng),
     };
+    let mut groups = groups;
+    let mut left = params.limit;
+    for g in &mut groups {
+        g.examples.truncate(left);
+        left -= g.examples.len();
+    }
+    groups.retain(|g| !g.examples.is_empty());
     let mut seen = std::collections::HashSet::new();
     for e in groups.iter().flat_map(|g| &g.examples) {
         if !seen.insert(e.id.as_str()) {
@@ -232,6 +242,21 @@ pub(crate) fn swept_depths(count: usize) -> Vec<f64> {
         })
         .collect()
 }
+
+/// The ten depths 0, 1/9, ..., 1 in an order whose every prefix is spread over [0, 1], so a
+/// group cut short by the limit still covers the range.
+pub(crate) const SPREAD_DEPTHS: [f64; 10] = [
+    0.0,
+    1.0,
+    4.0 / 9.0,
+    2.0 / 9.0,
+    7.0 / 9.0,
+    5.0 / 9.0,
+    1.0 / 9.0,
+    8.0 / 9.0,
+    3.0 / 9.0,
+    6.0 / 9.0,
+];
 
 #[cfg(test)]
 pub(crate) mod test_support {

@@ -1,13 +1,14 @@
 //! Needle suites: `passkey` hides a five-digit key in repeated filler at stepped depths (one
-//! key per corpus); `niah` (RULER style) hides "special magic numbers" for named keys in the
-//! Paul Graham essays, ten or more needles per haystack at evenly spaced depths.
+//! key per corpus, the depths 0, 1/9, ..., 1 in turn); `niah` (RULER style) hides "special magic
+//! numbers" for named keys in the Paul Graham essays, ten needles per haystack at evenly spaced
+//! depths.
 
 use rand::rngs::StdRng;
 use rand::Rng;
 use serde::Deserialize;
 use triage_retrieval::Document;
 
-use super::{swept_depths, Example, Group, SuiteName, SuiteParams};
+use super::{swept_depths, Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
 
@@ -79,10 +80,9 @@ fn filler(params: &SuiteParams<'_>, unit: &str, tokens: usize) -> String {
 }
 
 pub(super) fn passkey(params: &SuiteParams<'_>, rng: &mut StdRng) -> Vec<Group> {
-    swept_depths(params.limit)
-        .into_iter()
-        .enumerate()
-        .map(|(i, depth)| {
+    (0..params.limit)
+        .map(|i| {
+            let depth = SPREAD_DEPTHS[i % SPREAD_DEPTHS.len()];
             let key = format!("{}", rng.random_range(10_000..100_000u32));
             let needle = format!("The pass key is {key}. Remember it. {key} is the pass key.");
             let budget = params
@@ -151,7 +151,7 @@ pub(super) fn niah(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Gro
     let groups = params.limit.div_ceil(NEEDLES_PER_HAYSTACK);
     let mut out = Vec::new();
     for g in 0..groups {
-        let count = (params.limit - g * NEEDLES_PER_HAYSTACK).min(NEEDLES_PER_HAYSTACK);
+        let count = NEEDLES_PER_HAYSTACK;
         let id = format!("{}-{g}", SuiteName::Niah.as_str());
         let mut keys = std::collections::BTreeSet::new();
         while keys.len() < count {
@@ -186,8 +186,11 @@ pub(super) fn niah(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Gro
             params.context_tokens.saturating_sub(needle_tokens).max(64),
             rng,
         );
-        let examples = needles
+        // Asked in spread order, so a haystack cut short by the limit still spans its depths.
+        let order = SPREAD_DEPTHS.map(|d| (d * (count - 1) as f64).round() as usize);
+        let examples = order
             .iter()
+            .map(|&i| &needles[i])
             .map(|(d, k, v)| Example {
                 id: format!("{id}-{k}"),
                 question: format!(
@@ -221,9 +224,11 @@ mod tests {
 
     #[test]
     fn passkey_sits_at_its_depth_and_the_text_fits() {
-        let p = params(Split::Test, 5, 1_000);
+        let p = params(Split::Test, 12, 1_000);
         let groups = build(SuiteName::Passkey, &p).unwrap();
-        assert_eq!(groups.len(), 5);
+        assert_eq!(groups.len(), 12);
+        assert_eq!(groups[1].examples[0].depth, Some(1.0));
+        assert_eq!(groups[10].examples[0].depth, Some(0.0));
         for g in &groups {
             let e = &g.examples[0];
             let text = &g.documents[0].text;
@@ -260,14 +265,17 @@ mod tests {
             let text = &g.documents[0].text;
             let tokens = (p.count_tokens)(text);
             assert!((1_300..=1_700).contains(&tokens), "{tokens}");
-            let mut last = 0;
-            for e in &g.examples {
-                let key = e.question.split(' ').nth(7).unwrap();
-                let needle = format!("special magic numbers for {key} is: {}.", e.golds[0]);
-                let at = text.find(&needle).unwrap();
-                assert!(at >= last);
-                last = at;
-            }
+            let mut by_depth: Vec<(f64, usize)> = g
+                .examples
+                .iter()
+                .map(|e| {
+                    let key = e.question.split(' ').nth(7).unwrap();
+                    let needle = format!("special magic numbers for {key} is: {}.", e.golds[0]);
+                    (e.depth.unwrap(), text.find(&needle).unwrap())
+                })
+                .collect();
+            by_depth.sort_by(|a, b| a.0.total_cmp(&b.0));
+            assert!(by_depth.windows(2).all(|w| w[0].1 < w[1].1), "{by_depth:?}");
         }
     }
 }

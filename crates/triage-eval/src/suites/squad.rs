@@ -37,9 +37,7 @@ pub(super) fn squad_v2(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
             .into_iter()
             .filter(|e| e.gold_docs.iter().all(|d| kept.contains(d.as_str())))
             .collect();
-        let take = QUESTIONS_PER_ARTICLE
-            .min(params.limit - total)
-            .min(candidates.len());
+        let take = QUESTIONS_PER_ARTICLE.min(candidates.len());
         if take == 0 {
             continue;
         }

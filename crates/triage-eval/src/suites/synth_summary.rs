@@ -102,11 +102,9 @@ pub(super) fn synth_summary(params: &SuiteParams<'_>, rng: &mut StdRng) -> Vec<G
                     reference(&|(t, _, d)| format!("Team {t}: {d}.")),
                 ),
             ];
-            let take = (params.limit - g * per_group).min(per_group);
             Group {
                 examples: asks
                     .into_iter()
-                    .take(take)
                     .map(|(name, question, summary)| Example {
                         id: format!("{id}-{name}"),
                         question: question.into(),
