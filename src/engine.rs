@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use triage_engine::llm_engine::{EngineConfig, KvBudget};
 use triage_engine::EngineSet;
 use triage_models::model::Model;
@@ -71,7 +71,7 @@ fn load_error(e: impl std::fmt::Display) -> Error {
 }
 
 /// The models, by the role each plays. Roles naming the same model share one engine.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelsConfig {
     pub router: String,

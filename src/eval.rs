@@ -213,6 +213,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     triage_config.corpora.clear();
     let base_routing = config.config.routing.clone();
     let mut engine = Engine::new(triage_config)?.with_store(scratch.path());
+    // The tokenizer takes any text; were it to refuse one, 4 characters a token stands in.
     let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
     let params = SuiteParams {
         split: config.split,
@@ -232,19 +233,8 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     {
         base_routing.abstain = true;
     }
+    check_manifest(&config.out, &manifest(config, &base_routing)?)?;
     let mut results = ResultsFile::open(&config.out)?;
-    if let Some(r) = results.rows().first() {
-        if r.suite != config.suite.as_str() || r.split != config.split.as_str() {
-            bail!(
-                "{} holds a {} {} run; use another --out for {} {}",
-                config.out.display(),
-                r.suite,
-                r.split,
-                config.suite.as_str(),
-                config.split.as_str()
-            );
-        }
-    }
     let answering: Vec<System> = config
         .systems
         .iter()
@@ -353,6 +343,60 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         .collect();
     let report = write_report(&rows, &config.out, config.seed)?;
     Ok(EvalRun { rows, report })
+}
+
+/// What makes a run directory's answers comparable: the suite's identity (name, split, seed,
+/// corpus length), the models and the routing settings. A rerun must match it to resume.
+fn manifest(config: &EvalConfig, routing: &RoutingConfig) -> Result<serde_json::Value> {
+    let mut models = serde_json::to_value(&config.config.models)?;
+    if let Some(m) = models.as_object_mut() {
+        // The KV budget changes no answer.
+        m.remove("kv_budget");
+    }
+    Ok(serde_json::json!({
+        "suite": config.suite.as_str(),
+        "split": config.split.as_str(),
+        "seed": config.seed,
+        "context_tokens": config.context_tokens,
+        "models": models,
+        "routing": routing,
+        "edar_classifier": config.edar_classifier,
+    }))
+}
+
+/// Write `dir/run.json` on a first run; on a rerun, refuse other settings.
+fn check_manifest(dir: &Path, manifest: &serde_json::Value) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("run.json");
+    if !path.exists() {
+        std::fs::write(&path, serde_json::to_string_pretty(manifest)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let old: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let differ: Vec<String> = manifest
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+        .map(|(k, v)| {
+            let was = old
+                .get(k.as_str())
+                .map_or("nothing".into(), |o| o.to_string());
+            format!("{k}: {was} → {v}")
+        })
+        .collect();
+    if !differ.is_empty() {
+        bail!(
+            "{} holds a run with other settings ({}); use another --out",
+            dir.display(),
+            differ.join("; ")
+        );
+    }
+    Ok(())
 }
 
 /// The engine's name for the corpus being evaluated.

@@ -77,7 +77,15 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
     let mut other = config.clone();
     other.suite = SuiteName::Passkey;
     let err = eval::run(&other).unwrap_err().to_string();
-    assert!(err.contains("holds a kv-retrieval dev run"), "{err}");
+    assert!(
+        err.contains("holds a run with other settings (suite: \"kv-retrieval\" → \"passkey\")"),
+        "{err}"
+    );
+    // So is another τ: the answers already there were routed with the old one.
+    let mut other = config.clone();
+    other.config.routing.monitor.tau = 0.1;
+    let err = eval::run(&other).unwrap_err().to_string();
+    assert!(err.contains("routing:"), "{err}");
 }
 
 #[test]
