@@ -291,7 +291,8 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
             let rag_gain = if has("rag") && s != "rag" {
                 let (ra, rt) = (mean(&column("rag", &value)), mean(&column("rag", &tokens)));
                 let extra = mean(&tok) - rt;
-                (extra.abs() > f64::EPSILON).then(|| (mean(&acc) - ra) / (extra / 1_000.0))
+                // Under one token of difference the ratio says nothing.
+                (extra.abs() >= 1.0).then(|| (mean(&acc) - ra) / (extra / 1_000.0))
             } else {
                 None
             };
@@ -576,8 +577,9 @@ pub(crate) mod tests {
         // The oracle sends e6, e7, e8 to LC; edar sent e6..e9: precision 3/4, recall 1.
         let routing = edar.routing.unwrap();
         assert_eq!((routing.precision, routing.recall), (Some(0.75), Some(1.0)));
-        // +0.3 accuracy for +400 tokens over RAG.
+        // +0.3 accuracy for +400 tokens over RAG; none for RAG itself.
         assert!((edar.gain_per_1k_tokens_vs_rag.unwrap() - 0.75).abs() < 1e-9);
+        assert_eq!(rag.gain_per_1k_tokens_vs_rag, None);
         // Entropy separates RAG's errors perfectly here.
         let sig = report.signals.as_ref().unwrap();
         assert_eq!(sig.auroc_statistic, Some(1.0));
