@@ -38,10 +38,12 @@ pub enum System {
     SelfRoute,
     /// Per query, the cheapest path system that was right.
     Oracle,
+    /// The routing settings as configured (`--config`), unchanged: how your own setup does.
+    Auto,
 }
 
 impl System {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::None,
         Self::Rag,
         Self::Hybrid,
@@ -50,6 +52,7 @@ impl System {
         Self::Dtr,
         Self::SelfRoute,
         Self::Oracle,
+        Self::Auto,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +65,7 @@ impl System {
             Self::Dtr => "dtr",
             Self::SelfRoute => "self-route",
             Self::Oracle => "oracle",
+            Self::Auto => "auto",
         }
     }
 
@@ -107,6 +111,7 @@ impl System {
                 r.monitor.calibration = None;
                 r.actions = vec![RoutePath::Rag, RoutePath::Lc];
             }
+            Self::Auto => {}
             // Forced paths ignore the router's stages; their RAG prompt has no decline.
             Self::None | Self::Rag | Self::Hybrid | Self::Lc | Self::Oracle => {
                 r.monitor.self_route = false;
@@ -540,6 +545,13 @@ mod tests {
         assert!(!System::Rag.routing(&base, &zero).monitor.self_route);
         assert_eq!(System::Hybrid.route(), Route::Hybrid);
         assert_eq!(System::Edar.route(), Route::Auto);
+        // auto is the configuration as given.
+        let mine = RoutingConfig {
+            gate_nll: Some(0.7),
+            ..RoutingConfig::default()
+        };
+        assert_eq!(System::Auto.routing(&mine, &zero), mine);
+        assert_eq!(System::Auto.route(), Route::Auto);
     }
 
     #[test]

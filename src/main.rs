@@ -102,7 +102,8 @@ struct SuiteArgs {
 struct EvalArgs {
     #[command(flatten)]
     suite: SuiteArgs,
-    /// Comma-separated: none, rag, hybrid, lc, edar, dtr, self-route, oracle.
+    /// Comma-separated: none, rag, hybrid, lc, edar, dtr, self-route, oracle, and auto (the
+    /// --config routing settings as they are).
     #[arg(long, default_value = "none,rag,hybrid,lc,edar,dtr,self-route,oracle")]
     systems: String,
     /// Run directory (results.jsonl, report.md, report.json, figures); a rerun resumes it.

@@ -220,6 +220,7 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
         "edar",
         "dtr",
         "self-route",
+        "auto",
         "oracle",
     ];
     let mut systems: Vec<&str> = systems.into_iter().collect();
