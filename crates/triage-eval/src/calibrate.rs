@@ -266,4 +266,59 @@ mod tests {
         let err = choose(&ps, &tau_grid(0.5, 2.5, 0.05), Floor::Accuracy(0.99)).unwrap_err();
         assert!(err.to_string().contains("no τ in [0.5, 2.5]"), "{err}");
     }
+
+    /// rag and lc rows of `n` queries: RAG right on the low-statistic half, LC always right,
+    /// the RAG rows carrying a monitor record like the engine's.
+    fn rows(n: usize, estimator: &str) -> Vec<ResultRow> {
+        use crate::results::tests::row;
+        let mut out = Vec::new();
+        for i in 0..n {
+            let e = format!("e{i}");
+            let mut rag = row("rag", &e, i < n / 2, 100);
+            rag.rag_statistic = Some(i as f64 / n as f64 * 2.0);
+            rag.decision = serde_json::json!({"monitor": {"tau": {"tau": 0.6,
+                "model": "qwen2.5-coder-0.5b", "estimator": estimator, "unit": "nats",
+                "window": 30}}});
+            out.push(rag);
+            out.push(row("lc", &e, true, 1_000));
+        }
+        out
+    }
+
+    #[test]
+    fn calibration_records_the_monitor_settings_and_the_dev_data() {
+        let r = rows(20, "full_softmax");
+        let (chosen, c) = calibrate(&r, (0.0, 2.5, 0.05), Floor::None).unwrap();
+        assert_eq!(c.model, "qwen2.5-coder-0.5b");
+        assert_eq!((c.window, c.queries), (30, 20));
+        assert_eq!(
+            (c.suite.as_str(), c.split.as_str()),
+            ("kv-retrieval", "dev")
+        );
+        // The ten wrong RAG answers have statistics 1.0 to 1.9: τ just under 1.0 escalates
+        // exactly them.
+        assert!((chosen.tau - 0.95).abs() < 1e-9, "{}", chosen.tau);
+        assert!((c.accuracy - 1.0).abs() < 1e-12 && (c.escalation_rate - 0.5).abs() < 1e-12);
+        assert_eq!(c.data_sha256, data_hash(&r));
+        assert_eq!(c.data_sha256.len(), 64);
+        // Another question set hashes differently.
+        assert_ne!(data_hash(&rows(19, "full_softmax")), c.data_sha256);
+    }
+
+    #[test]
+    fn calibration_refuses_test_rows_and_mixed_monitor_settings() {
+        let mut r = rows(10, "full_softmax");
+        r[0].split = "test".into();
+        let err = calibrate(&r, (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        assert!(err.to_string().contains("dev only"), "{err}");
+        let mut r = rows(10, "full_softmax");
+        r.extend(rows(10, "sampled_nll").into_iter().map(|mut x| {
+            x.example = format!("other-{}", x.example);
+            x
+        }));
+        let err = calibrate(&r, (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        assert!(err.to_string().contains("different settings"), "{err}");
+        let err = calibrate(&[], (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
 }
