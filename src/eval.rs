@@ -445,13 +445,46 @@ fn load_group(
 pub fn write_report(rows: &[ResultRow], dir: &Path, seed: u64) -> Result<report::Report> {
     let r = report::build(rows, seed);
     let md = dir.join("report.md");
-    std::fs::write(&md, report::markdown(&r))
-        .with_context(|| format!("writing {}", md.display()))?;
+    let mut text = report::markdown(&r);
+    if let Ok(manifest) = std::fs::read_to_string(dir.join("run.json")) {
+        text.push_str(&settings_section(&manifest));
+    }
+    std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
     let json = dir.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(&r)?)
         .with_context(|| format!("writing {}", json.display()))?;
     triage_eval::plots::write_all(&r, dir)?;
     Ok(r)
+}
+
+/// The report's last section: what the run used, from its `run.json`.
+fn settings_section(manifest: &str) -> String {
+    let Ok(m) = serde_json::from_str::<serde_json::Value>(manifest) else {
+        return String::new();
+    };
+    let get = |path: &str| {
+        m.pointer(path)
+            .map_or("?".into(), |v| v.to_string().trim_matches('"').to_string())
+    };
+    format!(
+        "\n## Settings\n\nBase model {}, long-context model {}, embedder {}; seed {}, corpora of \
+         ≈ {} long-context tokens; τ = {} ({} over the first {} tokens, in {}); edar's \
+         classifier {}; abstention {}. The whole set is in `run.json`.\n",
+        get("/models/base"),
+        get("/models/long_context"),
+        get("/models/embedder"),
+        get("/seed"),
+        get("/context_tokens"),
+        // τ is an f32: print it as one.
+        m.pointer("/routing/monitor/tau")
+            .and_then(serde_json::Value::as_f64)
+            .map_or("?".into(), |t| (t as f32).to_string()),
+        get("/routing/monitor/estimator"),
+        get("/routing/monitor/window"),
+        get("/routing/monitor/unit"),
+        get("/edar_classifier"),
+        get("/routing/abstain"),
+    )
 }
 
 /// What `triage calibrate` writes: a `[routing.monitor]` table the engine and the server read.

@@ -54,6 +54,10 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
     }
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| oracle |") && md.contains("kv-retrieval (dev split)"));
+    assert!(
+        md.contains("τ = 0.6 (full_softmax over the first 30 tokens, in nats)"),
+        "{md}"
+    );
     // Interrupted after five answers: a rerun keeps them and answers the rest.
     std::fs::write(&results, first[..5].join("\n") + "\n").unwrap();
     eval::run(&config).unwrap();
