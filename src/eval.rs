@@ -182,9 +182,7 @@ pub fn default_edar_classifier(config: &RoutingConfig) -> ClassifierSetting {
     if config.classifier != ClassifierSetting::Off {
         return config.classifier.clone();
     }
-    let trained = triage_models::paths::triage_home()
-        .join("policies")
-        .join("classifier.json");
+    let trained = crate::train::default_classifier_path();
     if trained.exists() {
         ClassifierSetting::Learned(trained)
     } else {
@@ -216,7 +214,6 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     }
     triage_config.prefix_dir = Some(scratch.path().join("prefixes"));
     triage_config.corpora.clear();
-    let base_routing = config.config.routing.clone();
     let mut engine = Engine::new(triage_config)?.with_store(scratch.path());
     // The tokenizer takes any text; were it to refuse one, 4 characters a token stands in.
     let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
@@ -230,7 +227,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     };
     let groups = suites::build(config.suite, &params)?;
     // Unanswerable questions are right only when abstained from: every system may abstain.
-    let mut base_routing = base_routing;
+    let mut base_routing = config.config.routing.clone();
     if groups
         .iter()
         .flat_map(|g| &g.examples)
@@ -238,7 +235,8 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     {
         base_routing.abstain = true;
     }
-    check_manifest(&config.out, &manifest(config, &base_routing)?)?;
+    let manifest = manifest(config, &base_routing)?;
+    check_manifest(&config.out, &manifest)?;
     let mut results = ResultsFile::open(&config.out)?;
     let answering: Vec<System> = config
         .systems
@@ -346,7 +344,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         .filter(|r| current.contains(r.example.as_str()))
         .cloned()
         .collect();
-    let report = write_report(&rows, &config.out, config.seed)?;
+    let report = write_report(&rows, &config.out, config.seed, &manifest)?;
     Ok(EvalRun { rows, report })
 }
 
@@ -441,14 +439,17 @@ fn load_group(
     Ok(())
 }
 
-/// Write `report.md`, `report.json` and the figures for `rows` into `dir`.
-pub fn write_report(rows: &[ResultRow], dir: &Path, seed: u64) -> Result<report::Report> {
+/// Write `report.md` (ending with the run's settings), `report.json` and the figures for `rows`
+/// into `dir`.
+fn write_report(
+    rows: &[ResultRow],
+    dir: &Path,
+    seed: u64,
+    manifest: &serde_json::Value,
+) -> Result<report::Report> {
     let r = report::build(rows, seed);
     let md = dir.join("report.md");
-    let mut text = report::markdown(&r);
-    if let Ok(manifest) = std::fs::read_to_string(dir.join("run.json")) {
-        text.push_str(&settings_section(&manifest));
-    }
+    let text = report::markdown(&r) + &settings_section(manifest);
     std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
     let json = dir.join("report.json");
     std::fs::write(&json, serde_json::to_string_pretty(&r)?)
@@ -457,11 +458,8 @@ pub fn write_report(rows: &[ResultRow], dir: &Path, seed: u64) -> Result<report:
     Ok(r)
 }
 
-/// The report's last section: what the run used, from its `run.json`.
-fn settings_section(manifest: &str) -> String {
-    let Ok(m) = serde_json::from_str::<serde_json::Value>(manifest) else {
-        return String::new();
-    };
+/// The report's last section: what the run used, from its manifest.
+fn settings_section(m: &serde_json::Value) -> String {
     let get = |path: &str| {
         m.pointer(path)
             .map_or("?".into(), |v| v.to_string().trim_matches('"').to_string())

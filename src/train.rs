@@ -23,6 +23,11 @@ pub fn policy_dir() -> PathBuf {
     triage_models::paths::triage_home().join("policies")
 }
 
+/// Where `train classifier` saves the learned classifier by default.
+pub fn default_classifier_path() -> PathBuf {
+    policy_dir().join("classifier.json")
+}
+
 /// What `train classifier` measured.
 #[derive(Debug, Serialize)]
 pub struct ClassifierReport {
@@ -66,7 +71,7 @@ pub fn train_classifier(
         train.len(),
         started.elapsed().as_secs_f64()
     );
-    let path = out.map_or_else(|| policy_dir().join("classifier.json"), Path::to_path_buf);
+    let path = out.map_or_else(default_classifier_path, Path::to_path_buf);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -18,8 +18,6 @@ pub enum EvalError {
     },
     #[error("plotting {path}: {message}")]
     Plot { path: String, message: String },
-    #[error(transparent)]
-    Router(#[from] triage_router::RouterError),
 }
 
 pub type Result<T> = std::result::Result<T, EvalError>;

@@ -230,19 +230,6 @@ pub fn build(name: SuiteName, params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     Ok(groups)
 }
 
-/// `count` depths spread evenly over [0, 1].
-pub(crate) fn swept_depths(count: usize) -> Vec<f64> {
-    (0..count)
-        .map(|i| {
-            if count == 1 {
-                0.5
-            } else {
-                i as f64 / (count - 1) as f64
-            }
-        })
-        .collect()
-}
-
 /// The ten depths 0, 1/9, ..., 1 in an order whose every prefix is spread over [0, 1], so a
 /// group cut short by the limit still covers the range.
 pub(crate) const SPREAD_DEPTHS: [f64; 10] = [

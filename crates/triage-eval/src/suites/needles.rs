@@ -8,7 +8,7 @@ use rand::Rng;
 use serde::Deserialize;
 use triage_retrieval::Document;
 
-use super::{swept_depths, Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
+use super::{Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
 
@@ -16,8 +16,8 @@ const FILLER: &str =
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and \
 back again. ";
 
-/// Needles (and questions) per `niah` haystack.
-const NEEDLES_PER_HAYSTACK: usize = 10;
+/// Needles (and questions) per `niah` haystack: one at each of the spread depths.
+const NEEDLES_PER_HAYSTACK: usize = SPREAD_DEPTHS.len();
 
 const ADJECTIVES: [&str; 16] = [
     "amber", "brisk", "candid", "dusky", "eager", "frosty", "gentle", "hollow", "ivory", "jolly",
@@ -151,15 +151,15 @@ pub(super) fn niah(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Gro
     let groups = params.limit.div_ceil(NEEDLES_PER_HAYSTACK);
     let mut out = Vec::new();
     for g in 0..groups {
-        let count = NEEDLES_PER_HAYSTACK;
         let id = format!("{}-{g}", SuiteName::Niah.as_str());
         let mut keys = std::collections::BTreeSet::new();
-        while keys.len() < count {
+        while keys.len() < NEEDLES_PER_HAYSTACK {
             let a = ADJECTIVES[rng.random_range(0..ADJECTIVES.len())];
             let n = NOUNS[rng.random_range(0..NOUNS.len())];
             keys.insert(format!("{a}-{n}"));
         }
-        let needles: Vec<(f64, String, String)> = swept_depths(count)
+        // In spread order, so a haystack cut short by the limit still spans its depths.
+        let needles: Vec<(f64, String, String)> = SPREAD_DEPTHS
             .into_iter()
             .zip(keys)
             .map(|(d, k)| {
@@ -186,11 +186,8 @@ pub(super) fn niah(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Gro
             params.context_tokens.saturating_sub(needle_tokens).max(64),
             rng,
         );
-        // Asked in spread order, so a haystack cut short by the limit still spans its depths.
-        let order = SPREAD_DEPTHS.map(|d| (d * (count - 1) as f64).round() as usize);
-        let examples = order
+        let examples = needles
             .iter()
-            .map(|&i| &needles[i])
             .map(|(d, k, v)| Example {
                 id: format!("{id}-{k}"),
                 question: format!(
