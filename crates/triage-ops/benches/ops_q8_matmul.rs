@@ -2,8 +2,9 @@
 //! quantized matmul on the same Q8_0 weights, and an f32 GEMM over the dequantized copy (what
 //! prefill used before). Rows 1 (decode), 16 (batched decode), 128 and 512 (prefill chunks).
 //! Then the LM head's shape (896 → 151,936: 130 MiB of Q8_0, beyond the caches, so the products
-//! read DRAM as a real decode step does) at 1 and 16 rows. Prints the peer/ours time ratios of
-//! the same process last.
+//! read DRAM as a real decode step does) at 1 and 16 rows. Then each int8 kernel this CPU runs
+//! (portable, AVX2, VNNI) on already quantized rows. Prints the peer/ours time ratios of the same
+//! process last.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -12,7 +13,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::Criterion;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::{q8_matmul, Q8Matrix};
+use triage_ops::{q8_matmul, q8_matmul_quantized, Q8Kernel, Q8Matrix};
 
 const K: usize = 896;
 const N: usize = 4864;
@@ -92,5 +93,42 @@ fn main() {
             t_candle * 1e3,
             t_candle / t_ours
         );
+    }
+
+    kernels(&mut rng);
+}
+
+/// Each kernel on the `ffn_up` shape, activations quantized beforehand, against the AVX2 one.
+fn kernels(rng: &mut StdRng) {
+    let values = |rows: usize, cols: usize, rng: &mut StdRng| -> Vec<f32> {
+        (0..rows * cols)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect()
+    };
+    let w = Q8Matrix::quantize(N, K, &values(N, K, rng)).expect("q8");
+    for m in [1, 16, 64] {
+        let a = Q8Matrix::quantize(m, K, &values(m, K, rng)).expect("q8");
+        let gmac = (m * K * N) as f64 / 1e9;
+        let mut line = format!("kernels, rows {m:>2}:");
+        let mut avx2 = None;
+        for kernel in Q8Kernel::available() {
+            let start = Instant::now();
+            let mut runs = 0;
+            while runs < 5 || start.elapsed().as_secs_f64() < 0.5 {
+                black_box(q8_matmul_quantized(&a, &w, kernel));
+                runs += 1;
+            }
+            let t = start.elapsed().as_secs_f64() / runs as f64;
+            if kernel == Q8Kernel::Avx2 {
+                avx2 = Some(t);
+            }
+            let ratio = avx2.map_or(String::new(), |a| format!(", {:.2}x AVX2's speed", a / t));
+            line += &format!(
+                "  {kernel:?} {:.2} ms ({:.1} GMAC/s{ratio})",
+                t * 1e3,
+                gmac / t
+            );
+        }
+        println!("{line}");
     }
 }

@@ -26,6 +26,37 @@ const TASK_ROWS: usize = 16;
 /// columns, so they stay in L2 too).
 const ROW_CHUNK: usize = 64;
 
+/// The CPU kernel that runs the int8 products. All of them give the same bits but for
+/// `Portable`, whose sums are scalar; `q8_matmul` takes the fastest this CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q8Kernel {
+    /// A plain loop, for any CPU.
+    Portable,
+    /// x86 AVX2 + FMA: sign, maddubs and madd per 32-value block.
+    Avx2,
+    /// AVX-VNNI (`vpdpbusd`, VEX-encoded): one instruction per block.
+    AvxVnni,
+    /// AVX-512 VNNI on 256-bit vectors (CPUs with AVX-512 but not AVX-VNNI).
+    Avx512Vnni,
+}
+
+impl Q8Kernel {
+    /// The kernels this CPU can run, slowest first.
+    pub fn available() -> Vec<Q8Kernel> {
+        cpu::available()
+    }
+
+    /// The fastest kernel this CPU runs (detected once).
+    pub fn best() -> Q8Kernel {
+        static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let kernels = cpu::available();
+            // `available` always lists `Portable` first and the fastest last.
+            kernels.last().copied().unwrap_or(Q8Kernel::Portable)
+        })
+    }
+}
+
 /// A row-major matrix `[rows, cols]` in Q8_0: int8 values and one f32 scale per 32 of them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Q8Matrix {
@@ -53,7 +84,10 @@ impl Q8Matrix {
         let mut quants = Vec::with_capacity(rows * cols);
         for block in bytes.chunks_exact(GGML_BLOCK_BYTES) {
             scales.push(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
-            quants.extend(block[2..].iter().map(|&b| b as i8));
+            // GGML's quantizer rounds x / (max |x| / 127), so it never writes −128; a file that
+            // holds one anyway gets −127, which AVX2's sign trick (it cannot negate −128) and the
+            // other kernels then multiply alike.
+            quants.extend(block[2..].iter().map(|&b| (b as i8).max(-127)));
         }
         Ok(Self {
             rows,
@@ -140,18 +174,23 @@ pub fn q8_matmul(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
     }
     let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let a = Q8Matrix::quantize(m, k, &values)?;
-    let out = q8_matmul_quantized(&a, w);
+    let out = q8_matmul_quantized(&a, w, Q8Kernel::best());
     Ok(Tensor::from_vec(out, (m, w.rows), &Device::Cpu)?)
 }
 
-/// `a Wᵀ` for already quantized activations: `[a.rows, w.rows]` row-major.
-pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix) -> Vec<f32> {
+/// `a Wᵀ` for already quantized activations: `[a.rows, w.rows]` row-major, with `kernel` (one
+/// of `Q8Kernel::available()`; another falls back to `Portable`).
+pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix, kernel: Q8Kernel) -> Vec<f32> {
+    let kernel = if cpu::available().contains(&kernel) {
+        kernel
+    } else {
+        Q8Kernel::Portable
+    };
     let (m, n) = (a.rows, w.rows);
     // Each task owns TASK_ROWS rows of the transposed output `[n, m]`. The tasks run on candle's
     // own thread pool: a second pool (rayon) would spin against candle's workers between the
     // ops of a layer, which on 2 cores cost a sixth of single-stream decode.
     let mut out_t = vec![0f32; n * m];
-    let use_avx2 = cpu::has_avx2_fma();
     let tasks: Vec<Mutex<&mut [f32]>> = out_t
         .chunks_mut(TASK_ROWS * m.max(1))
         .map(Mutex::new)
@@ -167,7 +206,7 @@ pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix) -> Vec<f32> {
             let num_w = dst.len() / m.max(1);
             for a0 in (0..m).step_by(ROW_CHUNK) {
                 let num_a = ROW_CHUNK.min(m - a0);
-                cpu::tiles(use_avx2, w, w0, num_w, a, a0, num_a, &mut dst);
+                cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, &mut dst);
             }
         }
     });
@@ -211,21 +250,81 @@ mod tests {
     }
 
     #[test]
-    fn portable_and_avx2_tiles_agree() {
+    fn every_kernel_agrees_with_the_portable_loop_and_the_simd_ones_bit_for_bit() {
+        // 7 × 5 exercises every tile shape (2 × 4, then the 1-row and 1-column edges).
         let (w, a) = (matrix(7, 96, 1), matrix(5, 96, 2));
-        let run = |use_avx2: bool| {
+        let run = |kernel: Q8Kernel| {
             let mut dst = vec![0f32; w.rows * a.rows];
-            cpu::tiles(use_avx2, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
+            cpu::tiles(kernel, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
             dst
         };
-        let portable = run(false);
-        let best = run(cpu::has_avx2_fma());
-        for (p, b) in portable.iter().zip(&best) {
-            assert!((p - b).abs() <= 1e-5 * (1.0 + p.abs()), "{p} vs {b}");
-        }
+        let portable = run(Q8Kernel::Portable);
         assert!(
             portable.iter().any(|v| v.abs() > 1e-3),
             "non-trivial products"
         );
+        let simd: Vec<(Q8Kernel, Vec<f32>)> = Q8Kernel::available()
+            .into_iter()
+            .filter(|&k| k != Q8Kernel::Portable)
+            .map(|k| (k, run(k)))
+            .collect();
+        for (kernel, out) in &simd {
+            for (p, b) in portable.iter().zip(out) {
+                assert!(
+                    (p - b).abs() <= 1e-5 * (1.0 + p.abs()),
+                    "{kernel:?}: {p} vs {b}"
+                );
+            }
+            assert_eq!(out, &simd[0].1, "{kernel:?} vs {:?}", simd[0].0);
+        }
+    }
+
+    #[test]
+    fn extreme_values_do_not_saturate_any_kernel() {
+        // ±127 in both operands, the largest partial sums the int8 paths see (AVX2's maddubs
+        // saturates at ±32,767 per pair), and a stray −128 in the file, which loads as −127.
+        let cols = 64;
+        let mut bytes = Vec::new();
+        for row in 0..3 {
+            for block in 0..cols / QK8_0 {
+                bytes.extend(half::f16::from_f32(0.5).to_le_bytes());
+                bytes.extend((0..QK8_0).map(|i| match (row + block + i) % 3 {
+                    0 => 127u8,
+                    1 => 0x80,
+                    _ => 0x81,
+                }));
+            }
+        }
+        let w = Q8Matrix::from_ggml_bytes(3, cols, &bytes).unwrap();
+        assert_eq!(w.quants.iter().min(), Some(&-127));
+        let values: Vec<f32> = (0..2 * cols)
+            .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let a = Q8Matrix::quantize(2, cols, &values).unwrap();
+        let exact: Vec<f32> = (0..w.rows)
+            .flat_map(|r| {
+                let (w, a) = (&w, &a);
+                (0..a.rows).map(move |c| {
+                    (0..cols)
+                        .map(|k| {
+                            let b = k / QK8_0;
+                            w.scales[r * 2 + b]
+                                * a.scales[c * 2 + b]
+                                * (w.quants[r * cols + k] as f32 * a.quants[c * cols + k] as f32)
+                        })
+                        .sum::<f32>()
+                })
+            })
+            .collect();
+        for kernel in Q8Kernel::available() {
+            let mut dst = vec![0f32; w.rows * a.rows];
+            cpu::tiles(kernel, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
+            for (e, d) in exact.iter().zip(&dst) {
+                assert!(
+                    (e - d).abs() <= 1e-3 * (1.0 + e.abs()),
+                    "{kernel:?}: {e} vs {d}"
+                );
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
-//! CPU kernels of `q8_matmul`: a portable loop and an AVX2 register-tiled one picked at run time.
-//! Both give each output element one accumulator fed block by block in column order.
+//! CPU kernels of `q8_matmul`: a portable loop and register-tiled x86 ones (AVX2, and AVX-VNNI or
+//! AVX-512 VNNI where the CPU has them), picked at run time. All give each output element one
+//! accumulator fed block by block in column order; the x86 kernels give the same bits.
 
-use super::{Q8Matrix, QK8_0};
+use super::{Q8Kernel, Q8Matrix, QK8_0};
 
 /// Weight rows per register tile.
 const TILE_W: usize = 2;
@@ -10,22 +11,30 @@ const TILE_W: usize = 2;
 /// ran at 20 GMAC/s instead of 30+ on 16 rows).
 const TILE_A: usize = 4;
 
-pub(super) fn has_avx2_fma() -> bool {
+/// The kernels this CPU can run, slowest first.
+pub(super) fn available() -> Vec<Q8Kernel> {
+    let mut kernels = vec![Q8Kernel::Portable];
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") {
+            kernels.push(Q8Kernel::Avx2);
+            if has!("avxvnni") {
+                kernels.push(Q8Kernel::AvxVnni);
+            }
+            if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+                kernels.push(Q8Kernel::Avx512Vnni);
+            }
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    kernels
 }
 
 /// Fill `dst` (`[num_w, a.rows]`, transposed output rows `w0..w0 + num_w`) for activation rows
 /// `a0..a0 + num_a`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tiles(
-    use_avx2: bool,
+    kernel: Q8Kernel,
     w: &Q8Matrix,
     w0: usize,
     num_w: usize,
@@ -42,7 +51,7 @@ pub(super) fn tiles(
         for ar in (a0..a0 + num_a).step_by(TILE_A) {
             let ta = TILE_A.min(a0 + num_a - ar);
             let mut out = [[0f32; TILE_A]; TILE_W];
-            tile(use_avx2, w, w0 + wr, tw, a, ar, ta, &mut out);
+            tile(kernel, w, w0 + wr, tw, a, ar, ta, &mut out);
             for (r, row) in out.iter().enumerate().take(tw) {
                 dst[(wr + r) * m + ar..(wr + r) * m + ar + ta].copy_from_slice(&row[..ta]);
             }
@@ -50,9 +59,26 @@ pub(super) fn tiles(
     }
 }
 
+/// Calls the `$kernel::<R, C>` instance for a `tw` × `ta` tile.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dispatch_shape {
+    ($($kernel:ident)::+, $tw:expr, $ta:expr, $args:tt) => {
+        match ($tw, $ta) {
+            (2, 4) => $($kernel)::+::<2, 4> $args,
+            (2, 3) => $($kernel)::+::<2, 3> $args,
+            (2, 2) => $($kernel)::+::<2, 2> $args,
+            (2, _) => $($kernel)::+::<2, 1> $args,
+            (_, 4) => $($kernel)::+::<1, 4> $args,
+            (_, 3) => $($kernel)::+::<1, 3> $args,
+            (_, 2) => $($kernel)::+::<1, 2> $args,
+            _ => $($kernel)::+::<1, 1> $args,
+        }
+    };
+}
+
 #[allow(clippy::too_many_arguments)]
 fn tile(
-    use_avx2: bool,
+    kernel: Q8Kernel,
     w: &Q8Matrix,
     w0: usize,
     tw: usize,
@@ -61,27 +87,26 @@ fn tile(
     ta: usize,
     out: &mut [[f32; TILE_A]; TILE_W],
 ) {
+    // SAFETY (all three): `kernel` came from `available()`, so the CPU runs the instructions the
+    // kernel is compiled for; the row ranges were checked by the caller (`w0 + tw <= w.rows`,
+    // `a0 + ta <= a.rows`) and both matrices have `cols` columns, which the kernels read within.
     #[cfg(target_arch = "x86_64")]
-    if use_avx2 {
-        // SAFETY: `use_avx2` is `has_avx2_fma()`, so the CPU runs AVX2 and FMA code; the row
-        // ranges were checked by the caller (`w0 + tw <= w.rows`, `a0 + ta <= a.rows`) and both
-        // matrices have `cols` columns, which `avx2::tile` reads within.
-        #[allow(unsafe_code)]
-        unsafe {
-            match (tw, ta) {
-                (2, 4) => avx2::tile::<2, 4>(w, w0, a, a0, out),
-                (2, 3) => avx2::tile::<2, 3>(w, w0, a, a0, out),
-                (2, 2) => avx2::tile::<2, 2>(w, w0, a, a0, out),
-                (2, _) => avx2::tile::<2, 1>(w, w0, a, a0, out),
-                (_, 4) => avx2::tile::<1, 4>(w, w0, a, a0, out),
-                (_, 3) => avx2::tile::<1, 3>(w, w0, a, a0, out),
-                (_, 2) => avx2::tile::<1, 2>(w, w0, a, a0, out),
-                _ => avx2::tile::<1, 1>(w, w0, a, a0, out),
-            }
+    #[allow(unsafe_code)]
+    match kernel {
+        Q8Kernel::Avx2 => {
+            unsafe { dispatch_shape!(avx2::tile, tw, ta, (w, w0, a, a0, out)) };
+            return;
         }
-        return;
+        Q8Kernel::AvxVnni => {
+            unsafe { dispatch_shape!(vnni::tile_avx, tw, ta, (w, w0, a, a0, out)) };
+            return;
+        }
+        Q8Kernel::Avx512Vnni => {
+            unsafe { dispatch_shape!(vnni::tile_avx512, tw, ta, (w, w0, a, a0, out)) };
+            return;
+        }
+        Q8Kernel::Portable => {}
     }
-    let _ = use_avx2;
     let kb = w.cols / QK8_0;
     for (r, row) in out.iter_mut().enumerate().take(tw) {
         for (c, o) in row.iter_mut().enumerate().take(ta) {
@@ -164,7 +189,7 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
+    pub(super) fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
         let s = _mm_add_ps(lo, hi);
@@ -172,4 +197,77 @@ mod avx2 {
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
     }
+}
+
+/// The AVX2 tile with the block dot product in one VNNI instruction. `vpdpbusd` multiplies
+/// unsigned by signed bytes without saturating, so the activations go in offset by 128
+/// (`a ^ 0x80`) and the accumulator starts at −128 · Σw, which leaves exactly `a · w`: the same
+/// eight int32 partial sums as AVX2's sign + maddubs + madd, hence the same bits after it.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod vnni {
+    use std::arch::x86_64::*;
+
+    use super::super::{Q8Matrix, QK8_0};
+    use super::{avx2::hsum, TILE_A, TILE_W};
+
+    macro_rules! vnni_tile {
+        ($name:ident, $features:literal, $dpbusd:ident) => {
+            /// Products of weight rows `w0..w0 + R` with activation rows `a0..a0 + C`.
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU supports ", $features, "; `w0 + R <= w.rows`,")]
+            /// `a0 + C <= a.rows`, `w.cols == a.cols`, `R <= TILE_W` and `C <= TILE_A`.
+            #[allow(clippy::needless_range_loop)]
+            #[target_feature(enable = $features)]
+            pub(in super::super) unsafe fn $name<const R: usize, const C: usize>(
+                w: &Q8Matrix,
+                w0: usize,
+                a: &Q8Matrix,
+                a0: usize,
+                out: &mut [[f32; TILE_A]; TILE_W],
+            ) {
+                let kb = w.cols / QK8_0;
+                let wq = w.quants.as_ptr().add(w0 * w.cols);
+                let aq = a.quants.as_ptr().add(a0 * a.cols);
+                let ws = w.scales.as_ptr().add(w0 * kb);
+                let as_ = a.scales.as_ptr().add(a0 * kb);
+                let mut acc = [[_mm256_setzero_ps(); C]; R];
+                let zero = _mm256_setzero_si256();
+                let offset = _mm256_set1_epi8(i8::MIN);
+                for b in 0..kb {
+                    let mut wv = [zero; R];
+                    let mut start = [zero; R];
+                    for r in 0..R {
+                        wv[r] =
+                            _mm256_loadu_si256(wq.add(r * w.cols + b * QK8_0) as *const __m256i);
+                        start[r] = _mm256_sub_epi32(zero, $dpbusd(zero, offset, wv[r]));
+                    }
+                    for c in 0..C {
+                        let av =
+                            _mm256_loadu_si256(aq.add(c * a.cols + b * QK8_0) as *const __m256i);
+                        let a_unsigned = _mm256_xor_si256(av, offset);
+                        let da = *as_.add(c * kb + b);
+                        for r in 0..R {
+                            let d = _mm256_set1_ps(*ws.add(r * kb + b) * da);
+                            let dot = _mm256_cvtepi32_ps($dpbusd(start[r], a_unsigned, wv[r]));
+                            acc[r][c] = _mm256_fmadd_ps(dot, d, acc[r][c]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for c in 0..C {
+                        out[r][c] = hsum(acc[r][c]);
+                    }
+                }
+            }
+        };
+    }
+
+    vnni_tile!(tile_avx, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+    vnni_tile!(
+        tile_avx512,
+        "avx2,fma,avx512f,avx512vl,avx512vnni",
+        _mm256_dpbusd_epi32
+    );
 }
