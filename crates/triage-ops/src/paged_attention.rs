@@ -151,8 +151,8 @@ pub const GATHER_MIN_QUERIES: usize = 16;
 /// Causal attention of `q` (`[num_tokens, num_heads, head_dim]`) over paged `k_cache`/`v_cache`
 /// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Sequences
 /// with few queries (decode) run in one loop parallel over (token, head), each row reading its
-/// keys once through the block table with an online softmax; long query runs (prefill) gather
-/// their K/V and use chunked matrix products.
+/// keys through the block table (scores, then one exp per key, then the values); long query runs
+/// (prefill) gather their K/V and use chunked matrix products.
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -235,7 +235,26 @@ fn gathered_attention(
     Ok(out.reshape((n, heads, head_dim))?)
 }
 
-/// The per-row kernel: parallel over (token, head), online softmax through the block table.
+/// `a · b` in eight interleaved partial sums, which the compiler keeps in one vector register
+/// (a single running sum would be scalar); the order depends on the length alone.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (xs, ys) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = xs
+        .remainder()
+        .iter()
+        .zip(ys.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in xs.zip(ys) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// The per-row kernel: parallel over (token, head), softmax through the block table.
 fn paged_attention_rows(
     q: &Tensor,
     k_cache: &Tensor,
@@ -270,19 +289,22 @@ fn paged_attention_rows(
             let table = &meta.block_tables[s];
             let qrow = &qd[idx * head_dim..(idx + 1) * head_dim];
             let kvh = h / groups;
-            let (mut m, mut l) = (f32::NEG_INFINITY, 0f32);
-            for j in 0..=pos {
-                let base = (slot_of(table, block_size, j) as usize * kv_heads + kvh) * head_dim;
-                let krow = &kdata[base..base + head_dim];
-                let score = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f32>() * scale;
-                let m_new = m.max(score);
-                let (c_old, c_new) = ((m - m_new).exp(), (score - m_new).exp());
-                let vrow = &vdata[base..base + head_dim];
-                o.iter_mut()
-                    .zip(vrow)
-                    .for_each(|(acc, &v)| *acc = *acc * c_old + c_new * v);
-                l = l * c_old + c_new;
-                m = m_new;
+            let base =
+                |j: usize| (slot_of(table, block_size, j) as usize * kv_heads + kvh) * head_dim;
+            // Two passes over the keys: scores and their max, then one exp per key and the
+            // weighted sum of values (an online softmax would rescale the output at every key).
+            let mut weights: Vec<f32> = (0..=pos)
+                .map(|j| dot(qrow, &kdata[base(j)..base(j) + head_dim]) * scale)
+                .collect();
+            let m = weights.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let mut l = 0f32;
+            for w in weights.iter_mut() {
+                *w = (*w - m).exp();
+                l += *w;
+            }
+            for (j, &p) in weights.iter().enumerate() {
+                let vrow = &vdata[base(j)..base(j) + head_dim];
+                o.iter_mut().zip(vrow).for_each(|(acc, &v)| *acc += p * v);
             }
             o.iter_mut().for_each(|x| *x /= l);
         });
