@@ -1,17 +1,15 @@
-//! CPU kernels of `q8_matmul`: a portable loop and register-tiled x86 ones (AVX2, AVX-VNNI, and
-//! AVX-512 VNNI in `avx512.rs`), picked at run time. Each gives each output element one
-//! accumulator fed in column order whatever the tile shape; AVX2 and AVX-VNNI give the same bits.
+//! CPU kernels of `q8_matmul`: a portable loop and register-tiled x86 ones (AVX2, and AVX-VNNI or
+//! AVX-512 VNNI where the CPU has them), picked at run time. All give each output element one
+//! accumulator fed block by block in column order; the x86 kernels give the same bits.
 
-#[cfg(target_arch = "x86_64")]
-use super::avx512;
 use super::{Q8Kernel, Q8Matrix, QK8_0};
 
 /// Weight rows per register tile.
-pub(super) const TILE_W: usize = 2;
+const TILE_W: usize = 2;
 /// Activation rows per register tile: 2 × 4 accumulators, the two weight blocks (raw and
 /// absolute) and a few temporaries fit the 16 AVX2 registers without spilling (4 × 3 spilled and
 /// ran at 20 GMAC/s instead of 30+ on 16 rows).
-pub(super) const TILE_A: usize = 4;
+const TILE_A: usize = 4;
 
 /// The kernels this CPU can run, slowest first.
 pub(super) fn available() -> Vec<Q8Kernel> {
@@ -24,7 +22,7 @@ pub(super) fn available() -> Vec<Q8Kernel> {
             if has!("avxvnni") {
                 kernels.push(Q8Kernel::AvxVnni);
             }
-            if has!("avx512f") && has!("avx512vnni") {
+            if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
                 kernels.push(Q8Kernel::Avx512Vnni);
             }
         }
@@ -100,11 +98,11 @@ fn tile(
             return;
         }
         Q8Kernel::AvxVnni => {
-            unsafe { dispatch_shape!(vnni::tile, tw, ta, (w, w0, a, a0, out)) };
+            unsafe { dispatch_shape!(vnni::tile_avx, tw, ta, (w, w0, a, a0, out)) };
             return;
         }
         Q8Kernel::Avx512Vnni => {
-            unsafe { dispatch_shape!(avx512::tile, tw, ta, (w, w0, a, a0, out)) };
+            unsafe { dispatch_shape!(vnni::tile_avx512, tw, ta, (w, w0, a, a0, out)) };
             return;
         }
         Q8Kernel::Portable => {}
@@ -201,7 +199,7 @@ mod avx2 {
     }
 }
 
-/// The AVX2 tile with the block dot product in one AVX-VNNI instruction. `vpdpbusd` multiplies
+/// The AVX2 tile with the block dot product in one VNNI instruction. `vpdpbusd` multiplies
 /// unsigned by signed bytes without saturating, so the activations go in offset by 128
 /// (`a ^ 0x80`) and the accumulator starts at −128 · Σw, which leaves exactly `a · w`: the same
 /// eight int32 partial sums as AVX2's sign + maddubs + madd, hence the same bits after it.
@@ -213,50 +211,63 @@ mod vnni {
     use super::super::{Q8Matrix, QK8_0};
     use super::{avx2::hsum, TILE_A, TILE_W};
 
-    /// Products of weight rows `w0..w0 + R` with activation rows `a0..a0 + C`.
-    ///
-    /// # Safety
-    /// The CPU supports AVX2, FMA and AVX-VNNI; `w0 + R <= w.rows`, `a0 + C <= a.rows`,
-    /// `w.cols == a.cols`, `R <= TILE_W` and `C <= TILE_A`.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx2,fma,avxvnni")]
-    pub(in super::super) unsafe fn tile<const R: usize, const C: usize>(
-        w: &Q8Matrix,
-        w0: usize,
-        a: &Q8Matrix,
-        a0: usize,
-        out: &mut [[f32; TILE_A]; TILE_W],
-    ) {
-        let kb = w.cols / QK8_0;
-        let wq = w.quants.as_ptr().add(w0 * w.cols);
-        let aq = a.quants.as_ptr().add(a0 * a.cols);
-        let ws = w.scales.as_ptr().add(w0 * kb);
-        let as_ = a.scales.as_ptr().add(a0 * kb);
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let zero = _mm256_setzero_si256();
-        let offset = _mm256_set1_epi8(i8::MIN);
-        for b in 0..kb {
-            let mut wv = [zero; R];
-            let mut start = [zero; R];
-            for r in 0..R {
-                wv[r] = _mm256_loadu_si256(wq.add(r * w.cols + b * QK8_0) as *const __m256i);
-                start[r] = _mm256_sub_epi32(zero, _mm256_dpbusd_avx_epi32(zero, offset, wv[r]));
-            }
-            for c in 0..C {
-                let av = _mm256_loadu_si256(aq.add(c * a.cols + b * QK8_0) as *const __m256i);
-                let a_unsigned = _mm256_xor_si256(av, offset);
-                let da = *as_.add(c * kb + b);
+    macro_rules! vnni_tile {
+        ($name:ident, $features:literal, $dpbusd:ident) => {
+            /// Products of weight rows `w0..w0 + R` with activation rows `a0..a0 + C`.
+            ///
+            /// # Safety
+            #[doc = concat!("The CPU supports ", $features, "; `w0 + R <= w.rows`,")]
+            /// `a0 + C <= a.rows`, `w.cols == a.cols`, `R <= TILE_W` and `C <= TILE_A`.
+            #[allow(clippy::needless_range_loop)]
+            #[target_feature(enable = $features)]
+            pub(in super::super) unsafe fn $name<const R: usize, const C: usize>(
+                w: &Q8Matrix,
+                w0: usize,
+                a: &Q8Matrix,
+                a0: usize,
+                out: &mut [[f32; TILE_A]; TILE_W],
+            ) {
+                let kb = w.cols / QK8_0;
+                let wq = w.quants.as_ptr().add(w0 * w.cols);
+                let aq = a.quants.as_ptr().add(a0 * a.cols);
+                let ws = w.scales.as_ptr().add(w0 * kb);
+                let as_ = a.scales.as_ptr().add(a0 * kb);
+                let mut acc = [[_mm256_setzero_ps(); C]; R];
+                let zero = _mm256_setzero_si256();
+                let offset = _mm256_set1_epi8(i8::MIN);
+                for b in 0..kb {
+                    let mut wv = [zero; R];
+                    let mut start = [zero; R];
+                    for r in 0..R {
+                        wv[r] =
+                            _mm256_loadu_si256(wq.add(r * w.cols + b * QK8_0) as *const __m256i);
+                        start[r] = _mm256_sub_epi32(zero, $dpbusd(zero, offset, wv[r]));
+                    }
+                    for c in 0..C {
+                        let av =
+                            _mm256_loadu_si256(aq.add(c * a.cols + b * QK8_0) as *const __m256i);
+                        let a_unsigned = _mm256_xor_si256(av, offset);
+                        let da = *as_.add(c * kb + b);
+                        for r in 0..R {
+                            let d = _mm256_set1_ps(*ws.add(r * kb + b) * da);
+                            let dot = _mm256_cvtepi32_ps($dpbusd(start[r], a_unsigned, wv[r]));
+                            acc[r][c] = _mm256_fmadd_ps(dot, d, acc[r][c]);
+                        }
+                    }
+                }
                 for r in 0..R {
-                    let d = _mm256_set1_ps(*ws.add(r * kb + b) * da);
-                    let dot = _mm256_dpbusd_avx_epi32(start[r], a_unsigned, wv[r]);
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), d, acc[r][c]);
+                    for c in 0..C {
+                        out[r][c] = hsum(acc[r][c]);
+                    }
                 }
             }
-        }
-        for r in 0..R {
-            for c in 0..C {
-                out[r][c] = hsum(acc[r][c]);
-            }
-        }
+        };
     }
+
+    vnni_tile!(tile_avx, "avx2,fma,avxvnni", _mm256_dpbusd_avx_epi32);
+    vnni_tile!(
+        tile_avx512,
+        "avx2,fma,avx512f,avx512vl,avx512vnni",
+        _mm256_dpbusd_epi32
+    );
 }
