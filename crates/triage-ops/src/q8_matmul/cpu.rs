@@ -123,13 +123,39 @@ fn tile(
     }
 }
 
+/// Where a tile's rows start: blocks per row, then the weight and activation quants and scales
+/// of its first rows.
+#[cfg(target_arch = "x86_64")]
+struct TileStart {
+    kb: usize,
+    wq: *const i8,
+    aq: *const i8,
+    ws: *const f32,
+    as_: *const f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl TileStart {
+    /// Slicing checks the first rows are inside the matrices; nothing is read here.
+    fn new(w: &Q8Matrix, w0: usize, a: &Q8Matrix, a0: usize) -> Self {
+        let kb = w.cols / QK8_0;
+        Self {
+            kb,
+            wq: w.quants[w0 * w.cols..].as_ptr(),
+            aq: a.quants[a0 * a.cols..].as_ptr(),
+            ws: w.scales[w0 * kb..].as_ptr(),
+            as_: a.scales[a0 * kb..].as_ptr(),
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx2 {
     use std::arch::x86_64::*;
 
     use super::super::{Q8Matrix, QK8_0};
-    use super::TILE_A;
+    use super::{TileStart, TILE_A};
 
     /// Products of weight rows `w0..w0 + R` with activation rows `a0..a0 + C`.
     ///
@@ -146,11 +172,13 @@ mod avx2 {
         a0: usize,
         out: &mut [[f32; TILE_A]; super::TILE_W],
     ) {
-        let kb = w.cols / QK8_0;
-        let wq = w.quants.as_ptr().add(w0 * w.cols);
-        let aq = a.quants.as_ptr().add(a0 * a.cols);
-        let ws = w.scales.as_ptr().add(w0 * kb);
-        let as_ = a.scales.as_ptr().add(a0 * kb);
+        let TileStart {
+            kb,
+            wq,
+            aq,
+            ws,
+            as_,
+        } = TileStart::new(w, w0, a, a0);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let ones = _mm256_set1_epi16(1);
         for b in 0..kb {
@@ -209,7 +237,7 @@ mod vnni {
     use std::arch::x86_64::*;
 
     use super::super::{Q8Matrix, QK8_0};
-    use super::{avx2::hsum, TILE_A, TILE_W};
+    use super::{avx2::hsum, TileStart, TILE_A, TILE_W};
 
     macro_rules! vnni_tile {
         ($name:ident, $features:literal, $dpbusd:ident) => {
@@ -227,11 +255,13 @@ mod vnni {
                 a0: usize,
                 out: &mut [[f32; TILE_A]; TILE_W],
             ) {
-                let kb = w.cols / QK8_0;
-                let wq = w.quants.as_ptr().add(w0 * w.cols);
-                let aq = a.quants.as_ptr().add(a0 * a.cols);
-                let ws = w.scales.as_ptr().add(w0 * kb);
-                let as_ = a.scales.as_ptr().add(a0 * kb);
+                let TileStart {
+                    kb,
+                    wq,
+                    aq,
+                    ws,
+                    as_,
+                } = TileStart::new(w, w0, a, a0);
                 let mut acc = [[_mm256_setzero_ps(); C]; R];
                 let zero = _mm256_setzero_si256();
                 let offset = _mm256_set1_epi8(i8::MIN);
