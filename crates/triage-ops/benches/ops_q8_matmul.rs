@@ -111,7 +111,7 @@ fn kernels(rng: &mut StdRng) {
         let gmac = (m * K * N) as f64 / 1e9;
         let mut line = format!("kernels, rows {m:>2}:");
         let mut avx2 = None;
-        for kernel in Q8Kernel::available() {
+        for &kernel in Q8Kernel::available() {
             let start = Instant::now();
             let mut runs = 0;
             while runs < 5 || start.elapsed().as_secs_f64() < 0.5 {

@@ -41,19 +41,19 @@ pub enum Q8Kernel {
 }
 
 impl Q8Kernel {
-    /// The kernels this CPU can run, slowest first.
-    pub fn available() -> Vec<Q8Kernel> {
-        cpu::available()
+    /// The kernels this CPU can run, slowest first (detected once).
+    pub fn available() -> &'static [Q8Kernel] {
+        static AVAILABLE: std::sync::OnceLock<Vec<Q8Kernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(cpu::available)
     }
 
-    /// The fastest kernel this CPU runs (detected once).
+    /// The fastest kernel this CPU runs.
     pub fn best() -> Q8Kernel {
-        static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let kernels = cpu::available();
-            // `available` always lists `Portable` first and the fastest last.
-            kernels.last().copied().unwrap_or(Q8Kernel::Portable)
-        })
+        // `available` always lists `Portable` first and the fastest last.
+        Self::available()
+            .last()
+            .copied()
+            .unwrap_or(Q8Kernel::Portable)
     }
 }
 
@@ -181,7 +181,7 @@ pub fn q8_matmul(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
 /// `a Wᵀ` for already quantized activations: `[a.rows, w.rows]` row-major, with `kernel` (one
 /// of `Q8Kernel::available()`; another falls back to `Portable`).
 pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix, kernel: Q8Kernel) -> Vec<f32> {
-    let kernel = if cpu::available().contains(&kernel) {
+    let kernel = if Q8Kernel::available().contains(&kernel) {
         kernel
     } else {
         Q8Kernel::Portable
@@ -264,7 +264,8 @@ mod tests {
             "non-trivial products"
         );
         let simd: Vec<(Q8Kernel, Vec<f32>)> = Q8Kernel::available()
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|&k| k != Q8Kernel::Portable)
             .map(|k| (k, run(k)))
             .collect();
@@ -316,7 +317,7 @@ mod tests {
                 })
             })
             .collect();
-        for kernel in Q8Kernel::available() {
+        for &kernel in Q8Kernel::available() {
             let mut dst = vec![0f32; w.rows * a.rows];
             cpu::tiles(kernel, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
             for (e, d) in exact.iter().zip(&dst) {
