@@ -112,6 +112,13 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// Whether the penalties leave every logit as it is (repetition 1, presence and frequency 0).
+    pub fn penalties_are_neutral(&self) -> bool {
+        self.repetition_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
+
     /// Checks every parameter against its range; the error names the first one that is out of it.
     pub fn validate(&self) -> Result<()> {
         self.validate_distribution()?;
@@ -242,10 +249,15 @@ impl Sampler {
     /// Logits may be `-inf` (masked tokens are never chosen); NaN, `+inf`, an empty slice or all
     /// tokens masked is an error.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32> {
-        self.fill_candidates(logits)?;
-        let token = if self.params.is_greedy() {
+        let token = if self.params.is_greedy() && self.params.penalties_are_neutral() {
+            // Nothing changes a logit: argmax in place, without copying the vocabulary.
+            check_logits(logits)?;
+            argmax(logits)?
+        } else if self.params.is_greedy() {
+            self.fill_candidates(logits)?;
             greedy(&self.candidates)?
         } else {
+            self.fill_candidates(logits)?;
             self.truncate_and_draw()?
         };
         let count = self.counts.entry(token).or_default();
@@ -338,6 +350,22 @@ fn greedy(candidates: &[(u32, f32)]) -> Result<u32> {
         Some(&(_, logit)) if logit == f32::NEG_INFINITY => Err(all_masked()),
         Some(&(token, _)) => Ok(token),
         None => Err(all_masked()),
+    }
+}
+
+/// `greedy` over raw logits: the first of the largest (with -0.0 equal to +0.0, as
+/// `fill_candidates` makes them).
+fn argmax(logits: &[f32]) -> Result<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (id, &logit) in (0u32..).zip(logits) {
+        let logit = logit + 0.0;
+        if best.is_none_or(|(_, b)| logit.total_cmp(&b) == Ordering::Greater) {
+            best = Some((id, logit));
+        }
+    }
+    match best {
+        Some((token, logit)) if logit != f32::NEG_INFINITY => Ok(token),
+        _ => Err(all_masked()),
     }
 }
 
@@ -464,6 +492,31 @@ mod tests {
         let mut s = sampler(SamplingParams::greedy());
         assert_eq!(s.sample(&[0.5, 2.0, -1.0, 2.0, 2.0]).unwrap(), 1);
         assert_eq!(s.sample(&[-0.0, 0.0, -3.0]).unwrap(), 0);
+        assert_eq!(s.sample(&[-3.0, 0.0, -0.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn greedy_argmax_in_place_matches_the_candidate_path() {
+        // A penalty of 1 + ε takes the candidate path without moving the argmax on these logits
+        // (all negative, so the repeated token only moves down, and it is never the best).
+        for seed in 0..20 {
+            let mut logits = random_logits(seed, 1000);
+            logits.iter_mut().for_each(|l| *l = -l.abs() - 0.5);
+            let fast = sampler(SamplingParams::greedy()).sample(&logits).unwrap();
+            let params = SamplingParams {
+                repetition_penalty: 1.0 + f32::EPSILON,
+                ..SamplingParams::greedy()
+            };
+            let slow = Sampler::new(params, &[(fast + 1) % 1000])
+                .unwrap()
+                .sample(&logits)
+                .unwrap();
+            assert_eq!(fast, slow, "seed {seed}");
+        }
+        let mut s = sampler(SamplingParams::greedy());
+        assert!(s.sample(&[f32::NEG_INFINITY; 4]).is_err());
+        assert!(s.sample(&[0.0, f32::NAN]).is_err());
+        assert!(s.sample(&[]).is_err());
     }
 
     #[test]

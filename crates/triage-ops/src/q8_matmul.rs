@@ -7,13 +7,12 @@
 //! the same order whatever the tile shape, the number of rows or threads; a row gives the same
 //! bits alone as in a batch of 16 (the engine's batched == alone equivalence relies on it).
 
-use std::sync::Mutex;
-
 use candle_core::{DType, Device, Tensor};
 
 use crate::{OpsError, Result};
 
 mod cpu;
+mod pairs;
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -38,6 +37,9 @@ pub enum Q8Kernel {
     AvxVnni,
     /// AVX-512 VNNI on 256-bit vectors (CPUs with AVX-512 but not AVX-VNNI).
     Avx512Vnni,
+    /// AVX-512 VNNI with two activation rows per 512-bit register: half the instructions per
+    /// product where several rows share the weights (one row runs `Avx512Vnni`).
+    Avx512VnniPairs,
 }
 
 impl Q8Kernel {
@@ -187,40 +189,56 @@ pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix, kernel: Q8Kernel) -> Vec<
         Q8Kernel::Portable
     };
     let (m, n) = (a.rows, w.rows);
-    // Each task owns TASK_ROWS rows of the transposed output `[n, m]`. The tasks run on candle's
-    // own thread pool: a second pool (rayon) would spin against candle's workers between the
-    // ops of a layer, which on 2 cores cost a sixth of single-stream decode.
-    let mut out_t = vec![0f32; n * m];
-    let tasks: Vec<Mutex<&mut [f32]>> = out_t
-        .chunks_mut(TASK_ROWS * m.max(1))
-        .map(Mutex::new)
-        .collect();
-    candle_core::utils::barrier_pool().execute_chunked(tasks.len(), |range| {
+    // One row would leave half of each paired register empty.
+    let kernel = if kernel == Q8Kernel::Avx512VnniPairs && m < 2 {
+        Q8Kernel::Avx512Vnni
+    } else {
+        kernel
+    };
+    let acts = cpu::Activations::prepare(kernel, a);
+    let mut out = vec![0f32; m * n];
+    let shared = SharedOut(out.as_mut_ptr());
+    // Each task owns output columns `task * TASK_ROWS..` (weight rows) of every row. The tasks
+    // run on candle's own thread pool: a second pool (rayon) would spin against candle's workers
+    // between the ops of a layer, which on 2 cores cost a sixth of single-stream decode.
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(TASK_ROWS), |range| {
+        // One tile's products, `[num_w, num_a]`, before they go to their columns.
+        let mut tile = [0f32; TASK_ROWS * ROW_CHUNK];
         for task in range {
-            // Each task index comes once, so the lock is never contended (and never poisoned:
-            // nothing in `tiles` panics on the shapes checked above).
-            let Ok(mut dst) = tasks[task].lock() else {
-                continue;
-            };
             let w0 = task * TASK_ROWS;
-            let num_w = dst.len() / m.max(1);
+            let num_w = TASK_ROWS.min(n - w0);
             for a0 in (0..m).step_by(ROW_CHUNK) {
                 let num_a = ROW_CHUNK.min(m - a0);
-                cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, &mut dst);
+                cpu::tiles(kernel, w, w0, num_w, &acts, a0, num_a, &mut tile);
+                for (i, row) in (a0..a0 + num_a).enumerate() {
+                    for r in 0..num_w {
+                        // SAFETY: `row < m` and `w0 + r < n`, so the index is inside `out`
+                        // (`m * n` values), which outlives the pool call; each task index comes
+                        // once, so no other thread writes columns `w0..w0 + num_w`.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            *shared.at(row * n + w0 + r) = tile[r * num_a + i]
+                        };
+                    }
+                }
             }
         }
     });
-    drop(tasks);
-    if m == 1 {
-        return out_t;
-    }
-    let mut out = vec![0f32; m * n];
-    for (j, col) in out_t.chunks_exact(m).enumerate() {
-        for (i, v) in col.iter().enumerate() {
-            out[i * n + j] = *v;
-        }
-    }
     out
+}
+
+/// The output buffer, written by the pool's tasks at disjoint columns.
+struct SharedOut(*mut f32);
+
+// SAFETY: the pointer is only dereferenced at indices a single task owns (see the write above).
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Taking `&self` (not the field) makes closures capture the `Sync` wrapper.
+    fn at(&self, index: usize) -> *mut f32 {
+        self.0.wrapping_add(index)
+    }
 }
 
 /// Reference: the same quantization written with basic tensor ops, then a plain f32 matmul.
@@ -251,32 +269,60 @@ mod tests {
 
     #[test]
     fn every_kernel_agrees_with_the_portable_loop_and_the_simd_ones_bit_for_bit() {
-        // 7 × 5 exercises every tile shape (2 × 4, then the 1-row and 1-column edges).
-        let (w, a) = (matrix(7, 96, 1), matrix(5, 96, 2));
-        let run = |kernel: Q8Kernel| {
-            let mut dst = vec![0f32; w.rows * a.rows];
-            cpu::tiles(kernel, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
-            dst
-        };
-        let portable = run(Q8Kernel::Portable);
-        assert!(
-            portable.iter().any(|v| v.abs() > 1e-3),
-            "non-trivial products"
-        );
-        let simd: Vec<(Q8Kernel, Vec<f32>)> = Q8Kernel::available()
-            .iter()
-            .copied()
-            .filter(|&k| k != Q8Kernel::Portable)
-            .map(|k| (k, run(k)))
-            .collect();
-        for (kernel, out) in &simd {
-            for (p, b) in portable.iter().zip(out) {
-                assert!(
-                    (p - b).abs() <= 1e-5 * (1.0 + p.abs()),
-                    "{kernel:?}: {p} vs {b}"
+        // 7 × 5 and 9 × 11 exercise every tile shape of the 256-bit kernels (2 × 4 and the 1-row
+        // and 1-column edges) and of the paired one (4 × 4 pairs, 3 weight rows, 1 to 3 pairs,
+        // an odd row paired with padding).
+        for (wr, ar) in [(7, 5), (9, 11)] {
+            let (w, a) = (matrix(wr, 96, 1), matrix(ar, 96, 2));
+            let run = |kernel: Q8Kernel| {
+                let mut dst = vec![0f32; w.rows * a.rows];
+                let acts = cpu::Activations::prepare(kernel, &a);
+                cpu::tiles(kernel, &w, 0, w.rows, &acts, 0, a.rows, &mut dst);
+                dst
+            };
+            let portable = run(Q8Kernel::Portable);
+            assert!(
+                portable.iter().any(|v| v.abs() > 1e-3),
+                "non-trivial products"
+            );
+            let simd: Vec<(Q8Kernel, Vec<f32>)> = Q8Kernel::available()
+                .iter()
+                .copied()
+                .filter(|&k| k != Q8Kernel::Portable)
+                .map(|k| (k, run(k)))
+                .collect();
+            for (kernel, out) in &simd {
+                for (p, b) in portable.iter().zip(out) {
+                    assert!(
+                        (p - b).abs() <= 1e-5 * (1.0 + p.abs()),
+                        "{kernel:?}: {p} vs {b}"
+                    );
+                }
+                assert_eq!(out, &simd[0].1, "{kernel:?} vs {:?}", simd[0].0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_bits_alone_as_in_a_batch_with_every_kernel() {
+        // 70 rows span two row chunks (64 + 6); 300 weight rows span many tasks and an odd tail.
+        let (w, a) = (matrix(300, 128, 3), matrix(70, 128, 4));
+        for &kernel in Q8Kernel::available() {
+            let batch = q8_matmul_quantized(&a, &w, kernel);
+            for row in [0, 1, 63, 64, 69] {
+                let one = Q8Matrix {
+                    rows: 1,
+                    cols: a.cols,
+                    scales: a.scales[row * 4..(row + 1) * 4].to_vec(),
+                    quants: a.quants[row * 128..(row + 1) * 128].to_vec(),
+                };
+                let alone = q8_matmul_quantized(&one, &w, kernel);
+                assert_eq!(
+                    alone,
+                    batch[row * 300..(row + 1) * 300],
+                    "{kernel:?}, row {row}"
                 );
             }
-            assert_eq!(out, &simd[0].1, "{kernel:?} vs {:?}", simd[0].0);
         }
     }
 
@@ -319,7 +365,8 @@ mod tests {
             .collect();
         for &kernel in Q8Kernel::available() {
             let mut dst = vec![0f32; w.rows * a.rows];
-            cpu::tiles(kernel, &w, 0, w.rows, &a, 0, a.rows, &mut dst);
+            let acts = cpu::Activations::prepare(kernel, &a);
+            cpu::tiles(kernel, &w, 0, w.rows, &acts, 0, a.rows, &mut dst);
             for (e, d) in exact.iter().zip(&dst) {
                 assert!(
                     (e - d).abs() <= 1e-3 * (1.0 + e.abs()),

@@ -2,7 +2,11 @@
 //! AVX-512 VNNI where the CPU has them), picked at run time. All give each output element one
 //! accumulator fed block by block in column order; the x86 kernels give the same bits.
 
+use super::pairs::PairedRows;
 use super::{Q8Kernel, Q8Matrix, QK8_0};
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx2::hsum;
 
 /// Weight rows per register tile.
 const TILE_W: usize = 2;
@@ -24,28 +28,55 @@ pub(super) fn available() -> Vec<Q8Kernel> {
             }
             if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
                 kernels.push(Q8Kernel::Avx512Vnni);
+                kernels.push(Q8Kernel::Avx512VnniPairs);
             }
         }
     }
     kernels
 }
 
-/// Fill `dst` (`[num_w, a.rows]`, transposed output rows `w0..w0 + num_w`) for activation rows
-/// `a0..a0 + num_a`.
+/// Activation rows in the layout a kernel reads, prepared once per product.
+pub(super) enum Activations<'a> {
+    Rows(&'a Q8Matrix),
+    /// Two rows per 512-bit register (`Q8Kernel::Avx512VnniPairs`).
+    Pairs(PairedRows),
+}
+
+impl<'a> Activations<'a> {
+    pub(super) fn prepare(kernel: Q8Kernel, a: &'a Q8Matrix) -> Self {
+        match kernel {
+            Q8Kernel::Avx512VnniPairs => Self::Pairs(PairedRows::new(a)),
+            _ => Self::Rows(a),
+        }
+    }
+}
+
+/// Fill `dst` (`[num_w, num_a]`: weight rows `w0..w0 + num_w` by activation rows
+/// `a0..a0 + num_a`; `a0` even for the paired layout).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tiles(
     kernel: Q8Kernel,
     w: &Q8Matrix,
     w0: usize,
     num_w: usize,
-    a: &Q8Matrix,
+    a: &Activations,
     a0: usize,
     num_a: usize,
     dst: &mut [f32],
 ) {
-    let m = a.rows;
+    let a = match a {
+        Activations::Rows(a) => *a,
+        Activations::Pairs(pairs) => {
+            #[cfg(target_arch = "x86_64")]
+            super::pairs::tiles(w, w0, num_w, pairs, a0, num_a, dst);
+            // Elsewhere `available` never offers the paired kernel, so nothing prepares pairs.
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = pairs;
+            return;
+        }
+    };
     debug_assert!(w0 + num_w <= w.rows && a0 + num_a <= a.rows && w.cols == a.cols);
-    debug_assert!(dst.len() >= num_w * m);
+    debug_assert!(dst.len() >= num_w * num_a);
     for wr in (0..num_w).step_by(TILE_W) {
         let tw = TILE_W.min(num_w - wr);
         for ar in (a0..a0 + num_a).step_by(TILE_A) {
@@ -53,7 +84,8 @@ pub(super) fn tiles(
             let mut out = [[0f32; TILE_A]; TILE_W];
             tile(kernel, w, w0 + wr, tw, a, ar, ta, &mut out);
             for (r, row) in out.iter().enumerate().take(tw) {
-                dst[(wr + r) * m + ar..(wr + r) * m + ar + ta].copy_from_slice(&row[..ta]);
+                let at = (wr + r) * num_a + ar - a0;
+                dst[at..at + ta].copy_from_slice(&row[..ta]);
             }
         }
     }
@@ -101,7 +133,9 @@ fn tile(
             unsafe { dispatch_shape!(vnni::tile_avx, tw, ta, (w, w0, a, a0, out)) };
             return;
         }
-        Q8Kernel::Avx512Vnni => {
+        // The paired kernel's rows arrive as `Activations::Pairs`; given plain rows (a caller
+        // that prepared for another kernel) it runs the same bits on 256-bit vectors.
+        Q8Kernel::Avx512Vnni | Q8Kernel::Avx512VnniPairs => {
             unsafe { dispatch_shape!(vnni::tile_avx512, tw, ta, (w, w0, a, a0, out)) };
             return;
         }
@@ -217,7 +251,7 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn hsum(v: __m256) -> f32 {
+    pub(in crate::q8_matmul) fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
         let s = _mm_add_ps(lo, hi);
