@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use triage_ops::{q8_matmul, Q8Matrix};
 
 use crate::config::RopeStyle;
+use crate::fused_linear::FusedLinear;
 use crate::weights::Weight;
 use crate::Result;
 
@@ -61,6 +62,24 @@ impl Linear {
             dense,
             bias,
         })
+    }
+
+    /// Hands over the Q8_0 weights (to a `FusedLinear` that stacks them); the layer keeps its
+    /// dense copy and bias.
+    pub(crate) fn take_q8(&mut self) -> Option<Arc<Q8Matrix>> {
+        self.q8.take()
+    }
+
+    pub(crate) fn has_q8(&self) -> bool {
+        self.q8.is_some()
+    }
+
+    pub(crate) fn has_dense(&self) -> bool {
+        self.dense.is_some()
+    }
+
+    pub(crate) fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
     }
 
     /// Output features.
@@ -211,16 +230,18 @@ impl RotaryEmbedding {
 /// SiLU-gated feed-forward block.
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    pub gate: Linear,
-    pub up: Linear,
+    /// Gate and up projections, in that order.
+    pub gate_up: FusedLinear,
     pub down: Linear,
 }
 
 impl Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = candle_nn::ops::silu(&self.gate.forward(x)?)?;
-        let up = self.up.forward(x)?;
-        self.down.forward(&(gate * up)?)
+        let [gate, up]: [Tensor; 2] =
+            self.gate_up.forward(x)?.try_into().map_err(|_| {
+                crate::ModelError::Invalid("the MLP's gate_up has two parts".into())
+            })?;
+        self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod chat_template;
 pub mod config;
 pub mod error;
 pub mod fixtures;
+pub mod fused_linear;
 pub mod gguf_info;
 pub mod layers;
 pub mod llama;

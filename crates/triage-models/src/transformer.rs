@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 
 use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
+use crate::fused_linear::FusedLinear;
 use crate::layers::{Embedding, Linear, Mlp, RmsNorm, RotaryEmbedding};
 use crate::weights::WeightSource;
 use crate::{ModelError, Result};
@@ -16,9 +17,8 @@ pub const MAX_ROPE_POSITIONS: usize = 131_072;
 #[derive(Debug, Clone)]
 struct DecoderLayer {
     attn_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// Q, K and V projections, in that order.
+    qkv: FusedLinear,
     o: Linear,
     ffn_norm: RmsNorm,
     mlp: Mlp,
@@ -81,9 +81,11 @@ impl Transformer {
                     config.rms_norm_eps,
                     dev,
                 )?,
-                q: linear(weights, &format!("{p}.attn_q"), config.qkv_bias)?,
-                k: linear(weights, &format!("{p}.attn_k"), config.qkv_bias)?,
-                v: linear(weights, &format!("{p}.attn_v"), config.qkv_bias)?,
+                qkv: FusedLinear::new(vec![
+                    linear(weights, &format!("{p}.attn_q"), config.qkv_bias)?,
+                    linear(weights, &format!("{p}.attn_k"), config.qkv_bias)?,
+                    linear(weights, &format!("{p}.attn_v"), config.qkv_bias)?,
+                ])?,
                 o: linear(weights, &format!("{p}.attn_output"), false)?,
                 ffn_norm: RmsNorm::new(
                     weights.get(&format!("{p}.ffn_norm.weight"), dev)?,
@@ -91,8 +93,10 @@ impl Transformer {
                     dev,
                 )?,
                 mlp: Mlp {
-                    gate: linear(weights, &format!("{p}.ffn_gate"), false)?,
-                    up: linear(weights, &format!("{p}.ffn_up"), false)?,
+                    gate_up: FusedLinear::new(vec![
+                        linear(weights, &format!("{p}.ffn_gate"), false)?,
+                        linear(weights, &format!("{p}.ffn_up"), false)?,
+                    ])?,
                     down: linear(weights, &format!("{p}.ffn_down"), false)?,
                 },
             };
@@ -138,10 +142,7 @@ impl Transformer {
         let q_out = config.num_heads * config.head_dim;
         let kv_out = config.num_kv_heads * config.head_dim;
         for (i, l) in layers.iter().enumerate() {
-            if l.q.out_features()? != q_out
-                || l.k.out_features()? != kv_out
-                || l.v.out_features()? != kv_out
-            {
+            if l.qkv.out_features()? != [q_out, kv_out, kv_out] {
                 return Err(ModelError::Invalid(format!(
                     "layer {i}: projection shapes do not match {} heads / {} kv heads of {}",
                     config.num_heads, config.num_kv_heads, config.head_dim
@@ -237,9 +238,14 @@ impl Transformer {
                 .unsqueeze(0)?
                 .contiguous()?)
         };
-        let q = heads(layer.q.forward(h)?, c.num_heads)?;
-        let k = heads(layer.k.forward(h)?, c.num_kv_heads)?;
-        let v = heads(layer.v.forward(h)?, c.num_kv_heads)?;
+        let [q, k, v]: [Tensor; 3] = layer
+            .qkv
+            .forward(h)?
+            .try_into()
+            .map_err(|_| ModelError::Invalid("the attention's qkv has three parts".into()))?;
+        let q = heads(q, c.num_heads)?;
+        let k = heads(k, c.num_kv_heads)?;
+        let v = heads(v, c.num_kv_heads)?;
         let q = self.rope.apply(&q, pos)?.squeeze(0)?;
         let k = self.rope.apply(&k, pos)?.squeeze(0)?;
         attn.attend(layer_idx, &q, &k, &v.squeeze(0)?)

@@ -6,6 +6,7 @@ pub mod causal_attention;
 pub mod error;
 pub mod logits_reduce;
 pub mod paged_attention;
+mod pool;
 pub mod q8_matmul;
 
 pub use error::{OpsError, Result};

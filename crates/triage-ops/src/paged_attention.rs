@@ -5,7 +5,6 @@
 //! CPU caches are f32.
 
 use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Storage, Tensor};
-use rayon::prelude::*;
 
 use crate::{OpsError, Result};
 
@@ -254,7 +253,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// The per-row kernel: parallel over (token, head), softmax through the block table.
+/// The per-row kernel: parallel over (token, KV head), softmax through the block table. The
+/// query heads that share a KV head (grouped-query attention) read each key and value row once.
 fn paged_attention_rows(
     q: &Tensor,
     k_cache: &Tensor,
@@ -281,33 +281,48 @@ fn paged_attention_rows(
     let groups = num_heads / kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let mut out = vec![0f32; num_tokens * num_heads * head_dim];
-    out.par_chunks_mut(head_dim)
-        .enumerate()
-        .for_each(|(idx, o)| {
-            let (t, h) = (idx / num_heads, idx % num_heads);
-            let (s, pos) = rows[t];
-            let table = &meta.block_tables[s];
-            let qrow = &qd[idx * head_dim..(idx + 1) * head_dim];
-            let kvh = h / groups;
-            let base =
-                |j: usize| (slot_of(table, block_size, j) as usize * kv_heads + kvh) * head_dim;
-            // Two passes over the keys: scores and their max, then one exp per key and the
-            // weighted sum of values (an online softmax would rescale the output at every key).
-            let mut weights: Vec<f32> = (0..=pos)
-                .map(|j| dot(qrow, &kdata[base(j)..base(j) + head_dim]) * scale)
-                .collect();
-            let m = weights.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let mut l = 0f32;
-            for w in weights.iter_mut() {
-                *w = (*w - m).exp();
-                l += *w;
+    // Chunk `idx` is the `groups` heads of token `idx / kv_heads` that read KV head
+    // `idx % kv_heads`: contiguous in `out`, since heads `kvh * groups..` share KV head `kvh`.
+    crate::pool::for_each_chunk_mut(&mut out, groups * head_dim, |idx, o| {
+        let (t, kvh) = (idx / kv_heads, idx % kv_heads);
+        let (s, pos) = rows[t];
+        // Where keys 0..=pos sit in the cache, walked block by block (no division per key).
+        let bases: Vec<usize> = meta.block_tables[s]
+            .iter()
+            .flat_map(|&block| (0..block_size).map(move |i| block as usize * block_size + i))
+            .take(pos + 1)
+            .map(|slot| (slot * kv_heads + kvh) * head_dim)
+            .collect();
+        let first_q = (t * num_heads + kvh * groups) * head_dim;
+        let queries = &qd[first_q..first_q + groups * head_dim];
+        // Two passes over the keys: scores and their max, then one exp per key and the
+        // weighted sum of values (an online softmax would rescale the output at every key).
+        let mut weights = vec![0f32; groups * bases.len()];
+        for (j, &base) in bases.iter().enumerate() {
+            let key = &kdata[base..base + head_dim];
+            for (g, qrow) in queries.chunks_exact(head_dim).enumerate() {
+                weights[g * bases.len() + j] = dot(qrow, key) * scale;
             }
-            for (j, &p) in weights.iter().enumerate() {
-                let vrow = &vdata[base(j)..base(j) + head_dim];
-                o.iter_mut().zip(vrow).for_each(|(acc, &v)| *acc += p * v);
+        }
+        let mut sums = vec![0f32; groups];
+        for (w, l) in weights.chunks_exact_mut(bases.len()).zip(sums.iter_mut()) {
+            let m = w.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            for p in w.iter_mut() {
+                *p = (*p - m).exp();
+                *l += *p;
             }
-            o.iter_mut().for_each(|x| *x /= l);
-        });
+        }
+        for (j, &base) in bases.iter().enumerate() {
+            let vrow = &vdata[base..base + head_dim];
+            for (g, og) in o.chunks_exact_mut(head_dim).enumerate() {
+                let p = weights[g * bases.len() + j];
+                og.iter_mut().zip(vrow).for_each(|(acc, &v)| *acc += p * v);
+            }
+        }
+        for (og, l) in o.chunks_exact_mut(head_dim).zip(&sums) {
+            og.iter_mut().for_each(|x| *x /= l);
+        }
+    });
     Ok(Tensor::from_vec(
         out,
         (num_tokens, num_heads, head_dim),

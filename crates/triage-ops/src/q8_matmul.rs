@@ -110,26 +110,54 @@ impl Q8Matrix {
                 values.len()
             )));
         }
-        let mut scales = vec![0f32; rows * cols / QK8_0];
+        let kb = cols / QK8_0;
+        let mut scales = vec![0f32; rows * kb];
         let mut quants = vec![0i8; rows * cols];
-        for ((x, q), scale) in values
-            .chunks_exact(QK8_0)
-            .zip(quants.chunks_exact_mut(QK8_0))
-            .zip(scales.iter_mut())
-        {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-            for (q, v) in q.iter_mut().zip(x) {
-                *q = (v * inv).round() as i8;
-            }
-            *scale = half::f16::from_f32(d).to_f32();
+        let mut by_row: Vec<(&[f32], &mut [i8], &mut [f32])> = values
+            .chunks_exact(cols)
+            .zip(quants.chunks_exact_mut(cols))
+            .zip(scales.chunks_exact_mut(kb))
+            .map(|((x, q), d)| (x, q, d))
+            .collect();
+        let quantize_row =
+            |(x, q, d): &mut (&[f32], &mut [i8], &mut [f32])| quantize_blocks(x, q, d);
+        // A batch's rows are spread over the pool (one row is too little work to hand off).
+        if rows >= 4 {
+            crate::pool::for_each_chunk_mut(&mut by_row, 1, |_, row| quantize_row(&mut row[0]));
+        } else {
+            by_row.iter_mut().for_each(quantize_row);
         }
         Ok(Self {
             rows,
             cols,
             scales,
             quants,
+        })
+    }
+
+    /// The rows of `parts`, one matrix after the other (e.g. Q, K and V projections run as one
+    /// product). Each output element keeps its own accumulator, so the stacked product gives
+    /// every part's bits.
+    pub fn stack_rows(parts: &[&Q8Matrix]) -> Result<Self> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if let Some(bad) = parts.iter().find(|p| p.cols != cols) {
+            return Err(OpsError::InvalidArgument(format!(
+                "stacking Q8_0 matrices of {cols} and {} columns",
+                bad.cols
+            )));
+        }
+        check_cols(cols)?;
+        Ok(Self {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols,
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
+            quants: parts
+                .iter()
+                .flat_map(|p| p.quants.iter().copied())
+                .collect(),
         })
     }
 
@@ -149,6 +177,32 @@ impl Q8Matrix {
             .flat_map(|(q, &d)| q.iter().map(move |&v| d * v as f32))
             .collect()
     }
+}
+
+/// GGML's `quantize_row_q8_0` on one row: `x` into `quants`, one scale per 32 values.
+fn quantize_blocks(x: &[f32], quants: &mut [i8], scales: &mut [f32]) {
+    for ((x, q), scale) in x
+        .chunks_exact(QK8_0)
+        .zip(quants.chunks_exact_mut(QK8_0))
+        .zip(scales.iter_mut())
+    {
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (q, v) in q.iter_mut().zip(x) {
+            *q = round_half_away(v * inv) as i8;
+        }
+        *scale = half::f16::from_f32(d).to_f32();
+    }
+}
+
+/// `x.round()` (C's `roundf`: halves away from zero) for |x| < 2^31, written with a truncating
+/// conversion so that the loop vectorizes (`round` is a library call on baseline x86-64). Exact:
+/// `x - trunc(x)` is representable, so the comparison with ±0.5 sees the true fraction.
+fn round_half_away(x: f32) -> i32 {
+    let t = x as i32;
+    let frac = x - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
 }
 
 fn check_cols(cols: usize) -> Result<()> {
@@ -324,6 +378,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_stacked_product_is_its_parts_side_by_side() {
+        let (top, bottom, a) = (matrix(5, 64, 5), matrix(3, 64, 6), matrix(16, 64, 7));
+        let stacked = Q8Matrix::stack_rows(&[&top, &bottom]).unwrap();
+        let kernel = Q8Kernel::best();
+        let (t, b) = (
+            q8_matmul_quantized(&a, &top, kernel),
+            q8_matmul_quantized(&a, &bottom, kernel),
+        );
+        let both = q8_matmul_quantized(&a, &stacked, kernel);
+        for row in 0..16 {
+            assert_eq!(both[row * 8..row * 8 + 5], t[row * 5..row * 5 + 5]);
+            assert_eq!(both[row * 8 + 5..row * 8 + 8], b[row * 3..row * 3 + 3]);
+        }
+        assert!(Q8Matrix::stack_rows(&[&top, &matrix(2, 96, 1)]).is_err());
+        assert!(Q8Matrix::stack_rows(&[]).is_err());
+    }
+
+    #[test]
+    fn round_half_away_is_roundf() {
+        let mut x = -130.0f32;
+        while x <= 130.0 {
+            // Quarter steps hit every tie exactly; the neighbours straddle them.
+            for v in [x, x.next_down(), x.next_up()] {
+                assert_eq!(round_half_away(v), v.round() as i32, "{v}");
+            }
+            x += 0.25;
+        }
+        assert_eq!(round_half_away(-0.0), 0);
     }
 
     #[test]

@@ -162,6 +162,12 @@ mod avx512 {
             let mut start = [zero; R];
             let mut wd = [_mm512_setzero_ps(); R];
             for r in 0..R {
+                // The next tile's rows stream in from DRAM while this one computes: a task's
+                // rows are too short (≤ 1 KiB each) for the hardware prefetcher to ramp up, and
+                // without this the LM head ran at two thirds of the in-cache rate. Prefetches
+                // never fault, so rows past the matrix are harmless (`wrapping_add`).
+                let next = wq.wrapping_add((R + r) * w.cols + b * QK8_0);
+                _mm_prefetch::<_MM_HINT_T0>(next);
                 let block = _mm256_loadu_si256(wq.add(r * w.cols + b * QK8_0) as *const __m256i);
                 wv[r] = _mm512_broadcast_i64x4(block);
                 // −128 · Σw per lane cancels the activations' offset.
