@@ -396,6 +396,23 @@ struct GenerateArgs {
     ignore_eos: bool,
 }
 
+/// `TRIAGE_Q8_KERNEL` picks the int8 kernel for benchmarks; a name this CPU cannot run is an
+/// error here rather than a silent fallback.
+fn check_q8_kernel_override() -> Result<()> {
+    let Ok(name) = std::env::var("TRIAGE_Q8_KERNEL") else {
+        return Ok(());
+    };
+    let available = triage_ops::Q8Kernel::available();
+    if available.iter().any(|k| k.name() == name.trim()) {
+        return Ok(());
+    }
+    let names: Vec<&str> = available.iter().map(|k| k.name()).collect();
+    anyhow::bail!(
+        "TRIAGE_Q8_KERNEL={name}: this CPU runs {}",
+        names.join(", ")
+    )
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -407,6 +424,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    check_q8_kernel_override()?;
     match cli.command {
         Command::Models {
             command: ModelsCommand::Fetch { data, names },

@@ -1,5 +1,6 @@
 //! The `triage` binary end to end on tiny models: `generate --json` output shape, `serve` up and
-//! down on SIGTERM, and bad input giving a clear error and a non-zero exit, never a panic.
+//! down on SIGTERM, bad input giving a clear error and a non-zero exit, never a panic, and the int8
+//! kernels (`TRIAGE_Q8_KERNEL`) agreeing token for token.
 
 use std::process::{Command, Output};
 
@@ -541,4 +542,57 @@ fn ingest_then_retrieve_and_a_killed_ingest_leaves_the_previous_corpus() {
         ],
     );
     assert_clean_failure(&out, "/nonexistent/docs");
+}
+
+#[test]
+fn every_q8_kernel_gives_the_same_greedy_tokens_and_an_unknown_one_is_an_error() {
+    // The kernels differ only in speed: a user (or a benchmark) switching them must see the
+    // same output token for token.
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let run = |kernel: &str| {
+        let kernel = std::path::Path::new(kernel);
+        let out = triage_env(
+            &[
+                "generate",
+                "--model",
+                &model,
+                "--prompt",
+                "the heat",
+                "--max-tokens",
+                "12",
+                "--ignore-eos",
+                "--temperature",
+                "0",
+                "--json",
+            ],
+            &[("TRIAGE_Q8_KERNEL", kernel)],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    // The portable loop sums in scalar order, so only the SIMD kernels are bit-identical.
+    let best = triage_ops::Q8Kernel::best();
+    let reference = run(best.name());
+    assert_eq!(reference.len(), 12);
+    for &kernel in triage_ops::Q8Kernel::available() {
+        if kernel != triage_ops::Q8Kernel::Portable && kernel != best {
+            assert_eq!(run(kernel.name()), reference, "{kernel:?}");
+        }
+    }
+    let out = triage_env(
+        &["models", "list"],
+        &[("TRIAGE_Q8_KERNEL", std::path::Path::new("avx9000"))],
+    );
+    assert_clean_failure(&out, "TRIAGE_Q8_KERNEL=avx9000: this CPU runs portable");
 }

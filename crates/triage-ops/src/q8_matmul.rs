@@ -49,13 +49,34 @@ impl Q8Kernel {
         AVAILABLE.get_or_init(cpu::available)
     }
 
-    /// The fastest kernel this CPU runs.
+    /// The fastest kernel this CPU runs, or the one `TRIAGE_Q8_KERNEL` names (`portable`, `avx2`,
+    /// `avx-vnni`, `avx512-vnni`, `avx512-vnni-pairs`) when the CPU runs it: all give the same
+    /// bits, so the variable only changes speed (benchmarks compare kernels with it). Read once.
     pub fn best() -> Q8Kernel {
-        // `available` always lists `Portable` first and the fastest last.
-        Self::available()
-            .last()
-            .copied()
-            .unwrap_or(Q8Kernel::Portable)
+        static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let chosen = std::env::var("TRIAGE_Q8_KERNEL").ok().and_then(|name| {
+                Self::available()
+                    .iter()
+                    .copied()
+                    .find(|k| k.name() == name.trim())
+            });
+            // `available` always lists `Portable` first and the fastest last.
+            chosen
+                .or_else(|| Self::available().last().copied())
+                .unwrap_or(Q8Kernel::Portable)
+        })
+    }
+
+    /// The kernel's name for `TRIAGE_Q8_KERNEL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Q8Kernel::Portable => "portable",
+            Q8Kernel::Avx2 => "avx2",
+            Q8Kernel::AvxVnni => "avx-vnni",
+            Q8Kernel::Avx512Vnni => "avx512-vnni",
+            Q8Kernel::Avx512VnniPairs => "avx512-vnni-pairs",
+        }
     }
 }
 
