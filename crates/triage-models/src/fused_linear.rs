@@ -68,3 +68,81 @@ impl FusedLinear {
         Ok(outputs)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+    use crate::weights::Weight;
+
+    /// A Q8_0 layer `[out, 64]` with a bias, from seeded random values.
+    fn layer(out: usize, seed: u64, dense_copy: bool) -> Linear {
+        let dev = Device::Cpu;
+        let w = random(&[out, 64], seed);
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let bias = random(&[out], seed + 100);
+        Linear::new(Weight::Quantized(Arc::new(q)), Some(bias), dense_copy, &dev).unwrap()
+    }
+
+    fn random(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n as u64)
+            .map(|i| {
+                let x = (i + 1).wrapping_mul(6_364_136_223_846_793_005)
+                    ^ seed.wrapping_mul(1_442_695_040_888_963_407);
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_stacked_product_gives_each_part_its_own_bits() {
+        for dense_copy in [false, true] {
+            let widths = [96, 32, 32];
+            let alone: Vec<Linear> = widths
+                .iter()
+                .zip(1..)
+                .map(|(&w, s)| layer(w, s, dense_copy))
+                .collect();
+            let fused = FusedLinear::new(alone.clone()).unwrap();
+            assert!(fused.stacked.is_some());
+            assert_eq!(fused.out_features().unwrap(), widths);
+            // 3 rows take the int8 product; 70 rows the dense copies where there are some.
+            for rows in [3, 70] {
+                let x = random(&[rows, 64], 7 + rows as u64);
+                let outputs = fused.forward(&x).unwrap();
+                for (part, out) in alone.iter().zip(&outputs) {
+                    let expected = part.forward(&x).unwrap();
+                    assert_eq!(out.dims(), expected.dims());
+                    assert_eq!(
+                        out.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        expected.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                        "rows {rows}, dense copy {dense_copy}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parts_without_q8_weights_run_one_by_one() {
+        let dense = |seed| {
+            Linear::new(
+                Weight::Dense(random(&[8, 64], seed)),
+                None,
+                false,
+                &Device::Cpu,
+            )
+            .unwrap()
+        };
+        let fused = FusedLinear::new(vec![dense(1), dense(2)]).unwrap();
+        assert!(fused.stacked.is_none());
+        let x = random(&[2, 64], 3);
+        let outputs = fused.forward(&x).unwrap();
+        assert_eq!(outputs.len(), 2);
+        assert_eq!(outputs[1].dims(), [2, 8]);
+    }
+}
