@@ -402,11 +402,13 @@ fn check_q8_kernel_override() -> Result<()> {
     let Ok(name) = std::env::var("TRIAGE_Q8_KERNEL") else {
         return Ok(());
     };
-    let available = triage_ops::Q8Kernel::available();
-    if available.iter().any(|k| k.name() == name.trim()) {
+    if triage_ops::Q8Kernel::from_name(&name).is_some() {
         return Ok(());
     }
-    let names: Vec<&str> = available.iter().map(|k| k.name()).collect();
+    let names: Vec<&str> = triage_ops::Q8Kernel::available()
+        .iter()
+        .map(|k| k.name())
+        .collect();
     anyhow::bail!(
         "TRIAGE_Q8_KERNEL={name}: this CPU runs {}",
         names.join(", ")

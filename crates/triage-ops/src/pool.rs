@@ -26,12 +26,13 @@ where
 /// `(0..n).map(f)` computed over the pool, in index order.
 pub(crate) fn map<R, F>(n: usize, f: F) -> Vec<R>
 where
-    R: Send + Default,
+    R: Send,
     F: Fn(usize) -> R + Sync,
 {
-    let mut out: Vec<R> = (0..n).map(|_| R::default()).collect();
-    for_each_chunk_mut(&mut out, 1, |index, slot| slot[0] = f(index));
-    out
+    let mut slots: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    for_each_chunk_mut(&mut slots, 1, |index, slot| slot[0] = Some(f(index)));
+    // Every index ran (a panic in `f` would have propagated), so every slot holds its value.
+    slots.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

@@ -63,23 +63,18 @@ pub(crate) fn reduce_rows<T: Logit>(data: &[T], vocab: usize, k: usize) -> Vec<f
     let num_rows = data.len() / vocab;
     let chunks_per_row = vocab.div_ceil(CHUNK);
     // One task per (row, chunk): batch 1 splits its row over the cores, larger batches spread
-    // their rows; `collect` keeps column order, which makes the merge deterministic.
-    let states: Vec<Option<OnlineState>> =
-        crate::pool::map(num_rows * chunks_per_row, |task_idx| {
-            let (row_idx, chunk_idx) = (task_idx / chunks_per_row, task_idx % chunks_per_row);
-            let start = chunk_idx * CHUNK;
-            let end = vocab.min(start + CHUNK);
-            let row = &data[row_idx * vocab..(row_idx + 1) * vocab];
-            Some(reduce_chunk(&row[start..end], start as u32, k))
-        });
+    // their rows; `map` keeps index order, which makes the merge deterministic.
+    let states: Vec<OnlineState> = crate::pool::map(num_rows * chunks_per_row, |task_idx| {
+        let (row_idx, chunk_idx) = (task_idx / chunks_per_row, task_idx % chunks_per_row);
+        let start = chunk_idx * CHUNK;
+        let end = vocab.min(start + CHUNK);
+        let row = &data[row_idx * vocab..(row_idx + 1) * vocab];
+        reduce_chunk(&row[start..end], start as u32, k)
+    });
     let mut packed = vec![0f32; num_rows * width];
     for (dst, row_states) in packed.chunks_mut(width).zip(states.chunks(chunks_per_row)) {
-        // `map` filled every slot, and `vocab >= 1` gives every row at least one chunk.
-        let mut row_states = row_states.iter().flatten();
-        let Some(mut state) = row_states.next().copied() else {
-            continue;
-        };
-        for other in row_states {
+        let mut state = row_states[0]; // `vocab >= 1`, so every row has at least one chunk
+        for other in &row_states[1..] {
             state.merge(other);
         }
         state.write_packed(dst);
