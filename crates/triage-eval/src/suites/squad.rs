@@ -1,74 +1,42 @@
-//! `squad-v2`: SQuAD v2 dev articles split by title hash; each group is an article's first
-//! paragraphs up to the context length, with its answerable and unanswerable questions.
+//! `squad-v2`: SQuAD v2 dev articles split by title hash; each group is a window of an article's
+//! consecutive paragraphs up to the context length, with its answerable and unanswerable questions.
+//! The first windows of all articles come first, then the second windows, and so on, so a larger
+//! limit only appends groups.
 
 use super::{split_of, Example, Group, SuiteParams};
+use crate::datasets::{ArticleQa, QaExample};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
+use triage_retrieval::Document;
 
-/// Questions asked over one article at most, spread over its paragraphs.
-const QUESTIONS_PER_ARTICLE: usize = 12;
+/// Questions asked over one window at most, spread over its paragraphs.
+const QUESTIONS_PER_WINDOW: usize = 12;
 
 pub(super) fn squad_v2(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     let path = params.data_file("squad.json")?;
+    let mut articles = Vec::new();
+    for article in crate::datasets::squad_v2_articles(&path)? {
+        if split_of(&article.title) == params.split {
+            let windows = windows(&article.documents, params);
+            articles.push((article, windows));
+        }
+    }
+    let num_windows = articles.iter().map(|(_, w)| w.len()).max().unwrap_or(0);
     let mut groups = Vec::new();
     let mut total = 0;
-    for article in crate::datasets::squad_v2_articles(&path)? {
-        if total >= params.limit {
-            break;
+    'windows: for window_idx in 0..num_windows {
+        for (article, windows) in &articles {
+            if total >= params.limit {
+                break 'windows;
+            }
+            let Some(documents) = windows.get(window_idx) else {
+                continue;
+            };
+            if let Some(group) = window_group(article, window_idx, documents) {
+                total += group.examples.len();
+                groups.push(group);
+            }
         }
-        if split_of(&article.title) != params.split {
-            continue;
-        }
-        let mut tokens = 0;
-        let documents: Vec<_> = article
-            .documents
-            .into_iter()
-            .take_while(|d| {
-                let next = tokens + (params.count_tokens)(&d.text);
-                let fits = tokens == 0 || next <= params.context_tokens;
-                tokens = next;
-                fits
-            })
-            .collect();
-        let kept: std::collections::HashSet<&str> =
-            documents.iter().map(|d| d.id.as_str()).collect();
-        let candidates: Vec<_> = article
-            .examples
-            .into_iter()
-            .filter(|e| e.gold_docs.iter().all(|d| kept.contains(d.as_str())))
-            .collect();
-        let take = QUESTIONS_PER_ARTICLE.min(candidates.len());
-        if take == 0 {
-            continue;
-        }
-        let step = candidates.len() / take;
-        let examples: Vec<Example> = candidates
-            .into_iter()
-            .step_by(step)
-            .take(take)
-            .map(|e| Example {
-                kind: Some(
-                    if e.answers.is_empty() {
-                        "unanswerable"
-                    } else {
-                        "answerable"
-                    }
-                    .into(),
-                ),
-                id: e.id,
-                question: e.question,
-                golds: e.answers,
-                scorer: Scorer::Squad,
-                depth: None,
-                gold_docs: e.gold_docs,
-            })
-            .collect();
-        total += examples.len();
-        groups.push(Group {
-            id: format!("squad-v2-{}", article.title),
-            documents,
-            examples,
-        });
     }
     if groups.is_empty() {
         return Err(EvalError::Invalid(format!(
@@ -79,15 +47,93 @@ pub(super) fn squad_v2(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     Ok(groups)
 }
 
+/// An article's paragraphs cut greedily into windows of at most the context length (a window
+/// holds at least one paragraph). Windows after the first must hold half the context length:
+/// a short tail would make long context as cheap as RAG.
+fn windows(documents: &[Document], params: &SuiteParams<'_>) -> Vec<Vec<Document>> {
+    let mut windows: Vec<(Vec<Document>, usize)> = Vec::new();
+    let mut current: Vec<Document> = Vec::new();
+    let mut tokens = 0;
+    for document in documents {
+        let len = (params.count_tokens)(&document.text);
+        if !current.is_empty() && tokens + len > params.context_tokens {
+            windows.push((std::mem::take(&mut current), tokens));
+            tokens = 0;
+        }
+        tokens += len;
+        current.push(document.clone());
+    }
+    if !current.is_empty() {
+        windows.push((current, tokens));
+    }
+    windows
+        .into_iter()
+        .enumerate()
+        .filter(|(idx, (_, tokens))| *idx == 0 || 2 * tokens >= params.context_tokens)
+        .map(|(_, (window, _))| window)
+        .collect()
+}
+
+/// The group of one window: up to `QUESTIONS_PER_WINDOW` of the questions whose evidence lies
+/// in it, spread evenly; `None` when it has none.
+fn window_group(article: &ArticleQa, window_idx: usize, documents: &[Document]) -> Option<Group> {
+    let kept: std::collections::HashSet<&str> = documents.iter().map(|d| d.id.as_str()).collect();
+    let candidates: Vec<&QaExample> = article
+        .examples
+        .iter()
+        .filter(|e| e.gold_docs.iter().all(|d| kept.contains(d.as_str())))
+        .collect();
+    let take = QUESTIONS_PER_WINDOW.min(candidates.len());
+    if take == 0 {
+        return None;
+    }
+    let step = candidates.len() / take;
+    let examples = candidates
+        .into_iter()
+        .step_by(step)
+        .take(take)
+        .map(example)
+        .collect();
+    // The first window keeps the article's name, so runs made before windows existed resume.
+    let id = match window_idx {
+        0 => format!("squad-v2-{}", article.title),
+        idx => format!("squad-v2-{}-part{}", article.title, idx + 1),
+    };
+    Some(Group {
+        id,
+        documents: documents.to_vec(),
+        examples,
+    })
+}
+
+fn example(e: &QaExample) -> Example {
+    Example {
+        kind: Some(
+            if e.answers.is_empty() {
+                "unanswerable"
+            } else {
+                "answerable"
+            }
+            .into(),
+        ),
+        id: e.id.clone(),
+        question: e.question.clone(),
+        golds: e.answers.clone(),
+        scorer: Scorer::Squad,
+        depth: None,
+        gold_docs: e.gold_docs.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::suites::test_support::params;
     use crate::suites::{build, Split, SuiteName};
 
-    fn write_squad(dir: &std::path::Path) {
+    fn write_squad(dir: &std::path::Path, num_paragraphs: usize) {
         let articles: Vec<serde_json::Value> = (0..12)
             .map(|a| {
-                let paragraphs: Vec<serde_json::Value> = (0..6)
+                let paragraphs: Vec<serde_json::Value> = (0..num_paragraphs)
                     .map(|p| {
                         serde_json::json!({
                             "context": format!("Article {a:02} paragraph {p}. ").repeat(40),
@@ -114,14 +160,15 @@ mod tests {
     #[test]
     fn squad_v2_splits_by_article_and_keeps_unanswerable_questions() {
         let dir = tempfile::tempdir().unwrap();
-        write_squad(dir.path());
+        write_squad(dir.path(), 6);
         let build_split = |split| {
             let mut p = params(split, 1_000, 750);
             p.data_dir = dir.path().to_path_buf();
             build(SuiteName::SquadV2, &p).unwrap()
         };
         let (dev, test) = (build_split(Split::Dev), build_split(Split::Test));
-        assert_eq!(dev.len() + test.len(), 12);
+        // Two windows of three paragraphs an article.
+        assert_eq!(dev.len() + test.len(), 24);
         let dev_ids: std::collections::HashSet<&str> = dev.iter().map(|g| g.id.as_str()).collect();
         assert!(test.iter().all(|g| !dev_ids.contains(g.id.as_str())));
         for g in dev.iter().chain(&test) {
@@ -139,6 +186,43 @@ mod tests {
                 .examples
                 .iter()
                 .all(|e| g.documents.iter().any(|d| d.id == e.gold_docs[0])));
+        }
+    }
+
+    #[test]
+    fn squad_v2_first_windows_come_first_and_short_tails_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        // Seven paragraphs of 240 tokens in 750-token windows: 3 + 3 + a 240-token tail.
+        write_squad(dir.path(), 7);
+        let build_limit = |limit| {
+            let mut p = params(Split::Test, limit, 750);
+            p.data_dir = dir.path().to_path_buf();
+            build(SuiteName::SquadV2, &p).unwrap()
+        };
+        let all = build_limit(1_000);
+        let num_articles = all.iter().filter(|g| !g.id.contains("-part")).count();
+        assert!(num_articles > 0);
+        assert_eq!(all.len(), 2 * num_articles, "the tail window is dropped");
+        assert!(all[..num_articles].iter().all(|g| !g.id.contains("-part")));
+        assert!(all[num_articles..].iter().all(|g| g.id.ends_with("-part2")));
+        for (first, second) in all[..num_articles].iter().zip(&all[num_articles..]) {
+            assert_eq!(second.id, format!("{}-part2", first.id));
+            assert!(first
+                .documents
+                .iter()
+                .all(|d| !second.documents.contains(d)));
+            assert!(second
+                .examples
+                .iter()
+                .all(|e| second.documents.iter().any(|d| d.id == e.gold_docs[0])));
+        }
+        // A limit the first windows can meet builds exactly the groups it built before
+        // windows existed: a larger limit only appends.
+        let first_only = build_limit(6 * num_articles);
+        assert_eq!(first_only.len(), num_articles);
+        for (a, b) in first_only.iter().zip(&all) {
+            assert_eq!(a.id, b.id);
+            assert_eq!(a.documents, b.documents);
         }
     }
 }
