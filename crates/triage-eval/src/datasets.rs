@@ -199,7 +199,7 @@ pub fn squad(path: &Path, num_questions: usize) -> Result<QaDataset> {
     })
 }
 
-/// One SQuAD article cut to its first paragraphs, with their answerable questions.
+/// One SQuAD article: its paragraphs (all, or the first few) with their questions.
 #[derive(Debug, Clone)]
 pub struct ArticleQa {
     pub title: String,
