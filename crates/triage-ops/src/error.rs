@@ -8,6 +8,8 @@ pub enum OpsError {
     Candle(#[from] candle_core::Error),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    #[error("triage-ops was not compiled with the cuda feature")]
+    NotCompiledWithCuda,
 }
 
 /// `Result` with [`OpsError`].

@@ -1,9 +1,15 @@
 //! Custom tensor ops for triage: each has a CPU implementation, a `*_slow` reference and (with the
-//! `cuda` feature, from a later issue) a CUDA implementation with the same API.
+//! `cuda` feature) a CUDA implementation behind the same API.
 #![deny(unsafe_code)]
 
 pub mod causal_attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
 pub mod error;
+pub mod launch;
 pub mod logits_reduce;
 pub mod paged_attention;
 mod pool;

@@ -106,6 +106,21 @@ impl CustomOp1 for FusedLogitsReduce {
             Shape::from((num_rows, packed_width(k))),
         ))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let (num_rows, vocab) =
+            check_args(layout.dims(), self.k).map_err(candle_core::Error::wrap)?;
+        if !layout.is_contiguous() {
+            candle_core::bail!("{}: input has to be contiguous", self.name())
+        }
+        let packed = crate::cuda::logits_reduce_fwd(storage, layout, num_rows, vocab, self.k)?;
+        Ok((packed, Shape::from((num_rows, packed_width(self.k)))))
+    }
 }
 
 /// Fused reduction into the packed `[batch, 4 + 2k]` f32 tensor of [`FusedLogitsReduce`].
@@ -118,8 +133,9 @@ pub fn logits_reduce_packed(logits: &Tensor, k: usize) -> Result<Tensor> {
 
 /// Fused reduction: one pass over each row of `[batch, vocab]` (or `[vocab]`) logits.
 ///
-/// Logits may be `-inf` (masked tokens); a row with no finite logit gives `max = lse = -inf`,
-/// NaN entropy and NaN logprobs. NaN and `+inf` logits are not supported. Errors with
+/// Logits may be `-inf` (masked tokens); a NaN logit counts as `-inf`. A row with no finite
+/// logit gives `max = lse = -inf`, argmax 0, the lowest ids as its top-k, NaN entropy and NaN
+/// logprobs. `+inf` logits are not supported. Errors with
 /// [`OpsError::InvalidArgument`] for a rank other than 1 or 2, a vocabulary outside
 /// `1..=2^24`, `k > min(vocab, MAX_TOP_K)` or a dtype other than f32, f16 and bf16.
 pub fn logits_reduce(logits: &Tensor, k: usize) -> Result<Vec<LogitsStats>> {

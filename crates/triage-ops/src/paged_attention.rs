@@ -4,7 +4,7 @@
 //! Prefill over a cached prefix and batched decode are the same call (query length n ≥ 1).
 //! CPU caches are f32.
 
-use candle_core::{CpuStorage, DType, InplaceOp3, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp3, Layout, Storage, Tensor};
 
 use crate::{OpsError, Result};
 
@@ -23,7 +23,54 @@ pub struct PagedAttentionMetadata {
 }
 
 impl PagedAttentionMetadata {
-    fn validate(&self, num_tokens: usize) -> Result<()> {
+    /// Checks the metadata against `num_tokens` query rows and a cache of `num_blocks` blocks:
+    /// a kernel cannot return an error, so a block id past the cache must be caught here.
+    pub fn validate(&self, num_tokens: usize, num_blocks: usize) -> Result<()> {
+        self.validate_rows(num_tokens)?;
+        for (s, table) in self.block_tables.iter().enumerate() {
+            let used = self.seq_lens[s].div_ceil(self.block_size);
+            if let Some(&block) = table[..used].iter().find(|&&b| b as usize >= num_blocks) {
+                return Err(OpsError::InvalidArgument(format!(
+                    "sequence {s}: block id {block} outside a cache of {num_blocks} blocks"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The flat inputs of the CUDA kernel (and of its simulator tests): every query row's
+    /// sequence and position, and the block tables padded to one width. Call after `validate`.
+    pub fn kernel_rows(&self) -> KernelRows {
+        let max_blocks_per_seq = self
+            .block_tables
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut block_tables = vec![0u32; self.block_tables.len() * max_blocks_per_seq];
+        for (dst, table) in block_tables
+            .chunks_mut(max_blocks_per_seq)
+            .zip(&self.block_tables)
+        {
+            dst[..table.len()].copy_from_slice(table);
+        }
+        let (mut row_seq, mut row_pos) = (Vec::new(), Vec::new());
+        for (s, (&qlen, &slen)) in self.query_lens.iter().zip(&self.seq_lens).enumerate() {
+            row_seq.extend(std::iter::repeat_n(s as u32, qlen));
+            row_pos.extend((slen - qlen..slen).map(|p| p as u32));
+        }
+        let max_context_len = row_pos.iter().map(|&p| p as usize + 1).max().unwrap_or(1);
+        KernelRows {
+            block_tables,
+            max_blocks_per_seq,
+            row_seq,
+            row_pos,
+            max_context_len,
+        }
+    }
+
+    fn validate_rows(&self, num_tokens: usize) -> Result<()> {
         let bad = |m: String| Err(OpsError::InvalidArgument(m));
         let n = self.block_tables.len();
         if self.seq_lens.len() != n || self.query_lens.len() != n || self.block_size == 0 {
@@ -55,16 +102,66 @@ impl PagedAttentionMetadata {
     }
 }
 
+/// [`PagedAttentionMetadata`] flattened for the CUDA kernel: one entry per query row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelRows {
+    /// `[num_seqs, max_blocks_per_seq]`, each table padded with block 0 (never read).
+    pub block_tables: Vec<u32>,
+    /// Width of `block_tables`.
+    pub max_blocks_per_seq: usize,
+    /// Per query row: its sequence.
+    pub row_seq: Vec<u32>,
+    /// Per query row: its position, so it attends keys `0..=pos`.
+    pub row_pos: Vec<u32>,
+    /// The longest context of any row (`max(pos) + 1`), which sets the number of partitions.
+    pub max_context_len: usize,
+}
+
+/// A slot value that `reshape_and_cache` skips: the row is padding (vLLM uses -1 alike).
+pub const PADDING_SLOT: u32 = u32::MAX;
+
+/// Every slot is [`PADDING_SLOT`] or below `num_slots`. Checked on the host before any write,
+/// on every device: a kernel could not report a bad slot, only write out of bounds.
+pub fn check_slots(slots: &[u32], num_slots: usize) -> Result<()> {
+    match slots
+        .iter()
+        .find(|&&s| s != PADDING_SLOT && s as usize >= num_slots)
+    {
+        Some(slot) => Err(OpsError::InvalidArgument(format!(
+            "reshape_and_cache: slot {slot} outside {num_slots} slots"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Slot of token `pos` of a sequence: `block * block_size + pos % block_size`.
 pub fn slot_of(block_table: &[u32], block_size: usize, pos: usize) -> u32 {
     block_table[pos / block_size] * block_size as u32 + (pos % block_size) as u32
 }
 
-struct ReshapeAndCache;
+/// The in-place op. `host_slots` are the slots tensor's values when the caller has them on the
+/// host ([`SlotMapping`]); without them the CUDA form copies the slots back for its bounds check.
+struct ReshapeAndCache<'a> {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    host_slots: Option<&'a [u32]>,
+}
 
-impl InplaceOp3 for ReshapeAndCache {
+impl InplaceOp3 for ReshapeAndCache<'_> {
     fn name(&self) -> &'static str {
         "reshape-and-cache"
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        cache: &mut candle_core::CudaStorage,
+        cl: &Layout,
+        src: &candle_core::CudaStorage,
+        sl: &Layout,
+        slots: &candle_core::CudaStorage,
+        ll: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::cuda::reshape_and_cache_fwd(cache, cl, src, sl, slots, ll, self.host_slots)
     }
 
     fn cpu_fwd(
@@ -76,34 +173,48 @@ impl InplaceOp3 for ReshapeAndCache {
         slots: &CpuStorage,
         ll: &Layout,
     ) -> candle_core::Result<()> {
-        let (CpuStorage::F32(cache), CpuStorage::F32(src), CpuStorage::U32(slots)) =
-            (cache, src, slots)
-        else {
-            candle_core::bail!("reshape_and_cache: f32 cache and rows, u32 slots")
-        };
         if !cl.is_contiguous() || !sl.is_contiguous() || !ll.is_contiguous() {
             candle_core::bail!("reshape_and_cache: contiguous inputs only")
         }
-        let cache = &mut cache[cl.start_offset()..];
-        let src = &src[sl.start_offset()..sl.start_offset() + sl.shape().elem_count()];
+        let CpuStorage::U32(slots) = slots else {
+            candle_core::bail!("reshape_and_cache: u32 slots")
+        };
         let slots = &slots[ll.start_offset()..ll.start_offset() + ll.shape().elem_count()];
-        let row = src.len() / slots.len().max(1);
-        let num_slots = cl.shape().elem_count() / row.max(1);
-        for (i, &slot) in slots.iter().enumerate() {
+        match (cache, src) {
+            (CpuStorage::F32(c), CpuStorage::F32(s)) => write_rows(c, cl, s, sl, slots),
+            (CpuStorage::F16(c), CpuStorage::F16(s)) => write_rows(c, cl, s, sl, slots),
+            (CpuStorage::BF16(c), CpuStorage::BF16(s)) => write_rows(c, cl, s, sl, slots),
+            _ => candle_core::bail!("reshape_and_cache: cache and rows of one float dtype"),
+        }
+    }
+}
+
+/// Copies row `i` of `src` to slot `slots[i]` of `cache`, skipping padding slots.
+fn write_rows<T: Copy>(
+    cache: &mut [T],
+    cl: &Layout,
+    src: &[T],
+    sl: &Layout,
+    slots: &[u32],
+) -> candle_core::Result<()> {
+    let cache = &mut cache[cl.start_offset()..cl.start_offset() + cl.shape().elem_count()];
+    let src = &src[sl.start_offset()..sl.start_offset() + sl.shape().elem_count()];
+    let row = src.len() / slots.len().max(1);
+    check_slots(slots, cache.len() / row.max(1)).map_err(candle_core::Error::wrap)?;
+    for (i, &slot) in slots.iter().enumerate() {
+        if slot != PADDING_SLOT {
             let slot = slot as usize;
-            if slot >= num_slots {
-                candle_core::bail!("reshape_and_cache: slot {slot} outside {num_slots} slots")
-            }
             cache[slot * row..(slot + 1) * row].copy_from_slice(&src[i * row..(i + 1) * row]);
         }
-        Ok(())
     }
+    Ok(())
 }
 
 fn check_cache_shapes(cache: &Tensor, rows: &Tensor) -> Result<(usize, usize)> {
     let (_, _, kv_heads, head_dim) = cache.dims4()?;
     let (_, rh, rd) = rows.dims3()?;
-    if (rh, rd) != (kv_heads, head_dim) || cache.dtype() != DType::F32 {
+    let float = matches!(cache.dtype(), DType::F32 | DType::F16 | DType::BF16);
+    if (rh, rd) != (kv_heads, head_dim) || !float {
         return Err(OpsError::InvalidArgument(format!(
             "cache {:?} {:?} vs rows {:?}",
             cache.dims(),
@@ -114,18 +225,66 @@ fn check_cache_shapes(cache: &Tensor, rows: &Tensor) -> Result<(usize, usize)> {
     Ok((kv_heads, head_dim))
 }
 
-/// Write `rows` (`[n, num_kv_heads, head_dim]`) into `cache` at `slots` (`[n]` u32), in place.
+/// Write `rows` (`[n, num_kv_heads, head_dim]`, converted to the cache's dtype) into `cache`
+/// (f32, f16 or bf16) at `slots` (`[n]` u32), in place. A [`PADDING_SLOT`] writes nothing; any
+/// other slot past the cache is an error and nothing is written. On CUDA the slots are copied
+/// back to the host for that check (a stream synchronisation); [`reshape_and_cache_mapped`]
+/// avoids it.
 pub fn reshape_and_cache(cache: &Tensor, rows: &Tensor, slots: &Tensor) -> Result<()> {
     check_cache_shapes(cache, rows)?;
-    let rows = rows.to_dtype(DType::F32)?.contiguous()?;
-    Ok(cache.inplace_op3(&rows, &slots.contiguous()?, &ReshapeAndCache)?)
+    let rows = rows.to_dtype(cache.dtype())?.contiguous()?;
+    let op = ReshapeAndCache { host_slots: None };
+    Ok(cache.inplace_op3(&rows, &slots.contiguous()?, &op)?)
 }
 
-/// Reference: returns a new cache with each row scattered into its slot, one basic op per row.
+/// One step's slots, on the host for the bounds check and on the device for the kernel: built
+/// once per step and used by every layer, so that no layer copies its slots back.
+#[derive(Debug, Clone)]
+pub struct SlotMapping {
+    host: Vec<u32>,
+    device: Tensor,
+}
+
+impl SlotMapping {
+    /// Uploads `slots` to `device` and keeps them.
+    pub fn new(slots: Vec<u32>, device: &Device) -> Result<Self> {
+        let device = Tensor::new(slots.as_slice(), device)?;
+        Ok(Self {
+            host: slots,
+            device,
+        })
+    }
+
+    /// The slots on the host.
+    pub fn host(&self) -> &[u32] {
+        &self.host
+    }
+
+    /// The slots as a `[n]` u32 tensor on the device.
+    pub fn tensor(&self) -> &Tensor {
+        &self.device
+    }
+}
+
+/// [`reshape_and_cache`] with slots whose host copy does the bounds check.
+pub fn reshape_and_cache_mapped(cache: &Tensor, rows: &Tensor, slots: &SlotMapping) -> Result<()> {
+    check_cache_shapes(cache, rows)?;
+    let rows = rows.to_dtype(cache.dtype())?.contiguous()?;
+    let op = ReshapeAndCache {
+        host_slots: Some(&slots.host),
+    };
+    Ok(cache.inplace_op3(&rows, &slots.device, &op)?)
+}
+
+/// Reference: returns a new cache with each row scattered into its slot, one basic op per row
+/// (padding slots skipped).
 pub fn reshape_and_cache_slow(cache: &Tensor, rows: &Tensor, slots: &[u32]) -> Result<Tensor> {
     let (num_blocks, block_size, kv_heads, head_dim) = cache.dims4()?;
     let mut flat = cache.reshape((num_blocks * block_size, kv_heads * head_dim))?;
     for (i, &slot) in slots.iter().enumerate() {
+        if slot == PADDING_SLOT {
+            continue;
+        }
         let row = rows.get(i)?.reshape((1, kv_heads * head_dim))?;
         flat = flat.slice_scatter0(&row, slot as usize)?;
     }
@@ -151,7 +310,8 @@ pub const GATHER_MIN_QUERIES: usize = 16;
 /// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Sequences
 /// with few queries (decode) run in one loop parallel over (token, head), each row reading its
 /// keys through the block table (scores, then one exp per key, then the values); long query runs
-/// (prefill) gather their K/V and use chunked matrix products.
+/// (prefill) gather their K/V and use chunked matrix products. CUDA tensors (caches in f32, f16
+/// or bf16) run the kernels of `kernels/paged_attention.cu` ([`crate::cuda::paged_attention_cuda`]).
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -159,6 +319,9 @@ pub fn paged_attention(
     meta: &PagedAttentionMetadata,
 ) -> Result<Tensor> {
     check_inputs(q, k_cache, v_cache, meta)?;
+    if q.device().is_cuda() {
+        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, meta);
+    }
     if meta.query_lens.iter().all(|&n| n < GATHER_MIN_QUERIES) {
         return paged_attention_rows(q, k_cache, v_cache, meta);
     }
@@ -204,7 +367,7 @@ fn check_inputs(
             v_cache.dims()
         )));
     }
-    meta.validate(num_tokens)
+    meta.validate(num_tokens, k_cache.dim(0)?)
 }
 
 /// One sequence: gather its K/V through the block table, then dense causal attention.
@@ -340,7 +503,7 @@ pub fn paged_attention_slow(
 ) -> Result<Tensor> {
     let (num_tokens, num_heads, head_dim) = q.dims3()?;
     let (num_blocks, block_size, kv_heads, _) = k_cache.dims4()?;
-    meta.validate(num_tokens)?;
+    meta.validate(num_tokens, num_blocks)?;
     let k_flat = k_cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
     let v_flat = v_cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
     let groups = num_heads / kv_heads;

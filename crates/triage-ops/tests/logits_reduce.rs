@@ -60,9 +60,16 @@ fn tolerance(dtype: DType) -> Tolerance {
         .expect("dtype in the table")
 }
 
-/// Written once for every device; the CUDA issue adds `Device::new_cuda(0)` behind its feature.
+/// Written once for every device: the CPU and, with the `cuda` feature, GPU 0.
 fn devices() -> Vec<Device> {
-    vec![Device::Cpu]
+    let devices = vec![Device::Cpu];
+    #[cfg(feature = "cuda")]
+    let devices = {
+        let mut devices = devices;
+        devices.push(Device::new_cuda(0).expect("the cuda feature's tests need a CUDA device"));
+        devices
+    };
+    devices
 }
 
 fn close(got: f32, want: f32, abs: f32, rel: f32) -> bool {

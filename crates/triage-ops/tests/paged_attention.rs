@@ -158,3 +158,161 @@ fn inconsistent_metadata_is_an_error() {
     meta.seq_lens[1] = 99;
     assert!(paged_attention(&q, &k, &v, &meta).is_err());
 }
+
+/// The CUDA forms against the CPU forms (which the tests above hold to the references): the
+/// caches go to the GPU in each float dtype, with NaN in every unused slot, and the CPU reads
+/// the same rounded values in f32, so only the summation order differs.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use candle_core::DType;
+    use triage_ops::paged_attention::{reshape_and_cache_mapped, SlotMapping, PADDING_SLOT};
+
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    /// |cuda - cpu| bound: same inputs, f32 accumulation in a different order.
+    const CUDA_TOL: f32 = 1e-3;
+
+    fn gpu() -> Device {
+        Device::new_cuda(0).expect("the cuda feature's tests need a CUDA device")
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    }
+
+    /// `t` rounded through `dtype` (what the GPU holds), as f32 on the CPU.
+    fn rounded(t: &Tensor, dtype: DType) -> Tensor {
+        t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()
+    }
+
+    /// Sequences with `seq_lens` tokens (random K/V) in a NaN cache of `num_blocks` blocks.
+    fn long_scenario(
+        seed: u64,
+        num_blocks: usize,
+        seq_lens: Vec<usize>,
+        query_lens: Vec<usize>,
+    ) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+        free.shuffle(&mut rng);
+        let block_tables: Vec<Vec<u32>> = seq_lens
+            .iter()
+            .map(|&len| {
+                (0..len.div_ceil(BLOCK_SIZE))
+                    .map(|_| free.pop().unwrap())
+                    .collect()
+            })
+            .collect();
+        let shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM);
+        let k_cache = Tensor::full(f32::NAN, shape, &Device::Cpu).unwrap();
+        let v_cache = Tensor::full(f32::NAN, shape, &Device::Cpu).unwrap();
+        for (table, &len) in block_tables.iter().zip(&seq_lens) {
+            let slots: Vec<u32> = (0..len).map(|p| slot_of(table, BLOCK_SIZE, p)).collect();
+            let slots = Tensor::new(slots.as_slice(), &Device::Cpu).unwrap();
+            for cache in [&k_cache, &v_cache] {
+                let n = len * KV_HEADS * HEAD_DIM;
+                let rows =
+                    Tensor::from_vec(randn(&mut rng, n), (len, KV_HEADS, HEAD_DIM), &Device::Cpu)
+                        .unwrap();
+                reshape_and_cache(cache, &rows, &slots).unwrap();
+            }
+        }
+        let n: usize = query_lens.iter().sum();
+        let q = Tensor::from_vec(
+            randn(&mut rng, n * HEADS * HEAD_DIM),
+            (n, HEADS, HEAD_DIM),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let meta = PagedAttentionMetadata {
+            block_size: BLOCK_SIZE,
+            block_tables,
+            seq_lens,
+            query_lens,
+        };
+        (q, k_cache, v_cache, meta)
+    }
+
+    #[test]
+    fn paged_attention_matches_cpu_in_every_dtype_and_partition_count() {
+        let dev = gpu();
+        let scenarios = [
+            scenario(3),
+            scenario_with(8, vec![40, 6, 9], vec![20, 6, 1]),
+            // 1300 keys: three partitions of 512, merged by log-sum-exp.
+            long_scenario(9, 400, vec![1300, 7, 600], vec![3, 7, 1]),
+        ];
+        for (i, (q, k, v, meta)) in scenarios.iter().enumerate() {
+            for dtype in DTYPES {
+                let (q_r, k_r, v_r) = (rounded(q, dtype), rounded(k, dtype), rounded(v, dtype));
+                let want = paged_attention(&q_r, &k_r, &v_r, meta).unwrap();
+                let to_gpu = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                let got = paged_attention(&to_gpu(q), &to_gpu(k), &to_gpu(v), meta).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                let got = got.to_device(&Device::Cpu).unwrap();
+                let diff = max_abs_diff(&got, &want);
+                assert!(
+                    diff < CUDA_TOL,
+                    "scenario {i} {dtype:?}: max abs diff {diff}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn reshape_and_cache_matches_cpu_and_checks_slots_before_writing() {
+        let dev = gpu();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let shape = (NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM);
+        let cache = Tensor::from_vec(
+            randn(&mut rng, shape.0 * shape.1 * shape.2 * shape.3),
+            shape,
+            &Device::Cpu,
+        )
+        .unwrap();
+        let rows = Tensor::from_vec(
+            randn(&mut rng, 5 * KV_HEADS * HEAD_DIM),
+            (5, KV_HEADS, HEAD_DIM),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let slots = vec![17, PADDING_SLOT, 40, 95, 4];
+        for dtype in DTYPES {
+            let want =
+                reshape_and_cache_slow(&rounded(&cache, dtype), &rounded(&rows, dtype), &slots)
+                    .unwrap();
+            let gpu_cache = cache.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let gpu_rows = rows.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+            let mapped = SlotMapping::new(slots.clone(), &dev).unwrap();
+            reshape_and_cache_mapped(&gpu_cache, &gpu_rows, &mapped).unwrap();
+            let got = gpu_cache
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap();
+            assert_eq!(max_abs_diff(&got, &want), 0.0, "{dtype:?}");
+
+            // Through the plain API the slots are copied back for the same check.
+            let before = got;
+            let bad = Tensor::new(&[3u32, (NUM_BLOCKS * BLOCK_SIZE) as u32], &dev).unwrap();
+            let two_rows = gpu_rows.narrow(0, 0, 2).unwrap();
+            assert!(reshape_and_cache(&gpu_cache, &two_rows, &bad).is_err());
+            let after = gpu_cache
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_device(&Device::Cpu)
+                .unwrap();
+            assert_eq!(
+                max_abs_diff(&before, &after),
+                0.0,
+                "{dtype:?}: a rejected call wrote"
+            );
+        }
+    }
+}

@@ -253,9 +253,11 @@ impl TopK {
         self.offer(groups.remainder(), group_first);
     }
 
+    /// A NaN logit counts as `-inf` here as everywhere else in the op (and in the CUDA kernel).
     #[inline(always)]
     fn offer(&mut self, xs: &[f32], first_id: u32) {
         for (i, &x) in xs.iter().enumerate() {
+            let x = if x.is_nan() { f32::NEG_INFINITY } else { x };
             if self.accepts(x) {
                 self.insert(x, first_id + i as u32);
             }
@@ -457,6 +459,30 @@ mod tests {
             reduce_chunk_portable(&xs, 5, MAX_TOP_K),
         );
         assert_eq!(fingerprint(dispatched), fingerprint(portable));
+    }
+
+    /// NaN logits give exactly what `-inf` gives, in every column (the CUDA kernel's rule too),
+    /// also when a row has fewer finite logits than k.
+    #[test]
+    fn nan_counts_as_negative_infinity() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for vocab in [3, 40, CHUNK + 9] {
+            let finite: Vec<f32> = (0..vocab).map(|_| rng.random_range(-5.0..5.0)).collect();
+            let holes: Vec<bool> = (0..vocab).map(|i| i == 0 || rng.random_bool(0.7)).collect();
+            let with = |hole: f32| -> Vec<f32> {
+                finite
+                    .iter()
+                    .zip(&holes)
+                    .map(|(&x, &h)| if h { hole } else { x })
+                    .collect()
+            };
+            for k in [0, 1, vocab.min(MAX_TOP_K)] {
+                let nan = reduce_rows(&with(f32::NAN), vocab, k);
+                let masked = reduce_rows(&with(f32::NEG_INFINITY), vocab, k);
+                let bits = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&nan), bits(&masked), "vocab {vocab} k {k}");
+            }
+        }
     }
 
     #[test]

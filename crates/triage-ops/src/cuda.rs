@@ -1,0 +1,583 @@
+//! The CUDA forms of the ops: the PTX that `build.rs` compiled from `kernels/`, loaded once per
+//! device and launched on candle's own stream with the geometry of [`crate::launch`].
+//!
+//! Compiled only with the `cuda` feature; `cuda_stub.rs` stands in for the public functions
+//! without it. Every kernel argument is a contiguous device buffer: the callers check shapes and
+//! bounds on the host first, since a kernel cannot report an error, only write out of bounds.
+#![allow(unsafe_code)]
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+
+use crate::launch::{self, LaunchGeometry};
+use crate::paged_attention::{check_slots, PagedAttentionMetadata};
+use crate::{OpsError, Result};
+
+/// One `.cu` file of `kernels/`, compiled to PTX by `build.rs`.
+#[derive(Debug, Clone, Copy)]
+enum Module {
+    LogitsReduce,
+    EntropyWindow,
+    ReshapeAndCache,
+    PagedAttention,
+}
+
+impl Module {
+    /// Key of the loaded module in candle's per-device table (shared with other crates, hence
+    /// the prefix).
+    fn key(self) -> &'static str {
+        match self {
+            Self::LogitsReduce => "triage_ops/logits_reduce",
+            Self::EntropyWindow => "triage_ops/entropy_window",
+            Self::ReshapeAndCache => "triage_ops/reshape_and_cache",
+            Self::PagedAttention => "triage_ops/paged_attention",
+        }
+    }
+
+    fn ptx(self) -> &'static str {
+        match self {
+            Self::LogitsReduce => include_str!(concat!(env!("OUT_DIR"), "/logits_reduce.ptx")),
+            Self::EntropyWindow => include_str!(concat!(env!("OUT_DIR"), "/entropy_window.ptx")),
+            Self::ReshapeAndCache => {
+                include_str!(concat!(env!("OUT_DIR"), "/reshape_and_cache.ptx"))
+            }
+            Self::PagedAttention => include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx")),
+        }
+    }
+}
+
+/// A kernel of `module`. Candle keeps the loaded module in the device's table, so the PTX is
+/// JIT-compiled once per device and process; launches go on `dev.cuda_stream()`, the stream
+/// candle's own kernels and copies use, never the default stream.
+fn kernel(dev: &CudaDevice, module: Module, name: &str) -> candle_core::Result<CudaFunction> {
+    let func = dev.get_or_load_custom_func(name, module.key(), module.ptx())?;
+    Ok(func.into_cuda_function())
+}
+
+fn config(g: LaunchGeometry) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: g.grid,
+        block_dim: g.block,
+        shared_mem_bytes: g.shared_mem_bytes,
+    }
+}
+
+/// A size as the kernels' `int`.
+fn c_int(n: usize, what: &str) -> candle_core::Result<i32> {
+    i32::try_from(n).map_err(|_| candle_core::Error::msg(format!("{what} {n} exceeds a C int")))
+}
+
+fn wrap(e: OpsError) -> candle_core::Error {
+    candle_core::Error::wrap(e)
+}
+
+/// `len` elements of `slice` from `start`, or an error (cudarc's `slice` would panic).
+fn view<T>(slice: &CudaSlice<T>, start: usize, len: usize) -> candle_core::Result<CudaView<'_, T>> {
+    slice.try_slice(start..start + len).ok_or_else(|| {
+        candle_core::Error::msg(format!("{start}+{len} past a {} slice", slice.len()))
+    })
+}
+
+/// The device buffer of a contiguous CUDA tensor's storage, from its layout's start offset.
+fn tensor_view<'a, T: CudaDType>(
+    storage: &'a Storage,
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<CudaView<'a, T>> {
+    let Storage::Cuda(storage) = storage else {
+        candle_core::bail!("{what}: expected a CUDA tensor")
+    };
+    if !layout.is_contiguous() {
+        candle_core::bail!("{what}: expected a contiguous tensor")
+    }
+    view(
+        storage.as_cuda_slice::<T>()?,
+        layout.start_offset(),
+        layout.shape().elem_count(),
+    )
+}
+
+/// A fresh f32 tensor on `dev` owning `slice`.
+fn f32_tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+// ---------------------------------------------------------------------------------------------
+// logits_reduce
+
+/// `FusedLogitsReduce::cuda_fwd`: `logits_reduce_<dtype>` over `num_rows` rows of `vocab`
+/// logits into the packed `[num_rows, 4 + 2k]` f32 output. Arguments were checked by the caller.
+pub(crate) fn logits_reduce_fwd(
+    storage: &CudaStorage,
+    layout: &Layout,
+    num_rows: usize,
+    vocab: usize,
+    k: usize,
+) -> candle_core::Result<CudaStorage> {
+    let dev = storage.device();
+    let mut out = dev.alloc_zeros::<f32>(num_rows * crate::packed_width(k))?;
+    if num_rows > 0 {
+        let g = launch::logits_reduce(num_rows, k, launch::LOGITS_REDUCE_THREADS).map_err(wrap)?;
+        let args = (c_int(vocab, "vocab")?, c_int(k, "k")?);
+        match &storage.slice {
+            CudaStorageSlice::F32(s) => logits_reduce_launch(dev, s, layout, &mut out, g, args)?,
+            CudaStorageSlice::F16(s) => logits_reduce_launch(dev, s, layout, &mut out, g, args)?,
+            CudaStorageSlice::BF16(s) => logits_reduce_launch(dev, s, layout, &mut out, g, args)?,
+            _ => candle_core::bail!("logits_reduce: unsupported dtype {:?}", storage.dtype()),
+        }
+    }
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+fn logits_reduce_launch<T: DeviceRepr + WithDType>(
+    dev: &CudaDevice,
+    logits: &CudaSlice<T>,
+    layout: &Layout,
+    out: &mut CudaSlice<f32>,
+    g: LaunchGeometry,
+    (vocab, k): (i32, i32),
+) -> candle_core::Result<()> {
+    // The kernel takes a pointer to the first logit; it reads an unaligned head by scalars.
+    let logits = view(logits, layout.start_offset(), layout.shape().elem_count())?;
+    let func = kernel(
+        dev,
+        Module::LogitsReduce,
+        &format!("logits_reduce_{}", T::DTYPE.as_str()),
+    )?;
+    let stream = dev.cuda_stream();
+    let mut builder = stream.launch_builder(&func);
+    builder.arg(&logits).arg(out).arg(&vocab).arg(&k);
+    // SAFETY: the arguments match `logits_reduce_<dtype>(const T*, float*, int, int)`; the grid
+    // has one block per row, each reading `vocab` logits and writing `4 + 2k` outputs, which the
+    // buffers hold (`logits` is `num_rows · vocab` long, `out` was allocated for the packed rows).
+    unsafe { builder.launch(config(g)) }.w()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// reshape_and_cache
+
+/// `ReshapeAndCache::cuda_fwd`: `reshape_and_cache_<dtype>` writing row `i` of `src` to slot
+/// `slots[i]` of `cache`. `host_slots` is the same slots on the host when the caller has them;
+/// otherwise they are copied back here (a stream synchronisation) for the bounds check, which
+/// must happen before the launch.
+pub(crate) fn reshape_and_cache_fwd(
+    cache: &mut CudaStorage,
+    cl: &Layout,
+    src: &CudaStorage,
+    sl: &Layout,
+    slots: &CudaStorage,
+    ll: &Layout,
+    host_slots: Option<&[u32]>,
+) -> candle_core::Result<()> {
+    if !cl.is_contiguous() || !sl.is_contiguous() || !ll.is_contiguous() {
+        candle_core::bail!("reshape_and_cache: contiguous inputs only")
+    }
+    let dev = cache.device.clone();
+    let num_tokens = ll.shape().elem_count();
+    if num_tokens == 0 {
+        return Ok(());
+    }
+    let device_slots = view(slots.as_cuda_slice::<u32>()?, ll.start_offset(), num_tokens)?;
+    let copied;
+    let host_slots = match host_slots {
+        Some(h) if h.len() == num_tokens => h,
+        Some(h) => candle_core::bail!("reshape_and_cache: {} host slots for {num_tokens}", h.len()),
+        None => {
+            copied = dev.clone_dtoh(&device_slots)?;
+            &copied[..]
+        }
+    };
+    let row_elems = sl.shape().elem_count() / num_tokens;
+    if row_elems == 0 || row_elems * num_tokens != sl.shape().elem_count() {
+        candle_core::bail!(
+            "reshape_and_cache: {:?} rows for {num_tokens} slots",
+            sl.dims()
+        )
+    }
+    check_slots(host_slots, cl.shape().elem_count() / row_elems).map_err(wrap)?;
+    let g =
+        launch::reshape_and_cache(num_tokens, launch::RESHAPE_AND_CACHE_THREADS).map_err(wrap)?;
+    let rows = RowsArgs {
+        slots: &device_slots,
+        row_elems: c_int(row_elems, "row length")?,
+        g,
+    };
+    match (&mut cache.slice, &src.slice) {
+        (CudaStorageSlice::F32(c), CudaStorageSlice::F32(s)) => rows.launch(&dev, c, cl, s, sl),
+        (CudaStorageSlice::F16(c), CudaStorageSlice::F16(s)) => rows.launch(&dev, c, cl, s, sl),
+        (CudaStorageSlice::BF16(c), CudaStorageSlice::BF16(s)) => rows.launch(&dev, c, cl, s, sl),
+        _ => candle_core::bail!("reshape_and_cache: cache and rows of one float dtype"),
+    }
+}
+
+/// What a `reshape_and_cache` launch needs besides the typed buffers.
+struct RowsArgs<'a> {
+    slots: &'a CudaView<'a, u32>,
+    row_elems: i32,
+    g: LaunchGeometry,
+}
+
+impl RowsArgs<'_> {
+    fn launch<T: DeviceRepr + WithDType>(
+        &self,
+        dev: &CudaDevice,
+        cache: &mut CudaSlice<T>,
+        cl: &Layout,
+        src: &CudaSlice<T>,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let rows = view(src, sl.start_offset(), sl.shape().elem_count())?;
+        let (start, len) = (cl.start_offset(), cl.shape().elem_count());
+        let mut cache = cache
+            .try_slice_mut(start..start + len)
+            .ok_or_else(|| candle_core::Error::msg("reshape_and_cache: cache layout"))?;
+        let name = format!("reshape_and_cache_{}", T::DTYPE.as_str());
+        let func = kernel(dev, Module::ReshapeAndCache, &name)?;
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder
+            .arg(&rows)
+            .arg(&mut cache)
+            .arg(self.slots)
+            .arg(&self.row_elems);
+        // SAFETY: the arguments match `reshape_and_cache_<dtype>(const T*, T*, const unsigned*,
+        // int)`; block i copies row i (`row_elems` elements of `rows`) to slot `slots[i]`, and
+        // every slot was checked on the host to be padding (skipped) or inside `cache`.
+        unsafe { builder.launch(config(self.g)) }.w()?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention
+
+/// CUDA form of [`crate::paged_attention::paged_attention`] (which calls it for CUDA tensors):
+/// `q` `[num_tokens, num_heads, head_dim]` (converted to the caches' dtype) over caches
+/// `[num_blocks, block_size, kv_heads, head_dim]` in f32, f16 or bf16. Returns
+/// `[num_tokens, num_heads, head_dim]` f32. Contexts longer than [`launch::PARTITION_SIZE`]
+/// keys run in partitions that `paged_attention_merge_f32` combines.
+pub fn paged_attention_cuda(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    meta: &PagedAttentionMetadata,
+) -> Result<Tensor> {
+    let (num_tokens, num_heads, head_dim) = q.dims3()?;
+    let (num_blocks, block_size, kv_heads, kd) = k_cache.dims4()?;
+    let same_device = |t: &Tensor| t.device().same_device(q.device());
+    if kd != head_dim
+        || kv_heads == 0
+        || num_heads % kv_heads != 0
+        || v_cache.dims() != k_cache.dims()
+        || !same_device(k_cache)
+        || !same_device(v_cache)
+    {
+        return Err(OpsError::InvalidArgument(format!(
+            "q {:?}, k cache {:?}, v cache {:?}",
+            q.dims(),
+            k_cache.dims(),
+            v_cache.dims()
+        )));
+    }
+    if block_size != meta.block_size || v_cache.dtype() != k_cache.dtype() {
+        return Err(OpsError::InvalidArgument(format!(
+            "caches of block size {block_size} ({:?}, {:?}) for metadata of block size {}",
+            k_cache.dtype(),
+            v_cache.dtype(),
+            meta.block_size
+        )));
+    }
+    meta.validate(num_tokens, num_blocks)?;
+    let dev = q.device().as_cuda_device()?.clone();
+    if num_tokens == 0 {
+        return Ok(Tensor::zeros(
+            (0, num_heads, head_dim),
+            DType::F32,
+            q.device(),
+        )?);
+    }
+    let q = q.to_dtype(k_cache.dtype())?.contiguous()?;
+    let shape = AttentionShape {
+        num_rows: num_tokens,
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+    };
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let out = match k_cache.dtype() {
+        DType::F32 => shape.run::<f32>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        DType::F16 => shape.run::<half::f16>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        DType::BF16 => shape.run::<half::bf16>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        other => {
+            return Err(OpsError::InvalidArgument(format!(
+                "paged_attention: caches of dtype {other:?}"
+            )))
+        }
+    };
+    Ok(f32_tensor(out, &dev, (num_tokens, num_heads, head_dim)))
+}
+
+/// The sizes of one paged-attention launch.
+struct AttentionShape {
+    num_rows: usize,
+    num_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+type Input<'a> = (&'a Storage, &'a Layout);
+
+impl AttentionShape {
+    /// Uploads the metadata, runs the partition kernel and, past one partition, the merge.
+    fn run<T: CudaDType + DeviceRepr + WithDType>(
+        &self,
+        dev: &CudaDevice,
+        meta: &PagedAttentionMetadata,
+        q: Input<'_>,
+        k: Input<'_>,
+        v: Input<'_>,
+    ) -> Result<CudaSlice<f32>> {
+        let rows = meta.kernel_rows();
+        let g = launch::paged_attention(
+            self.num_heads,
+            self.num_rows,
+            rows.max_context_len,
+            self.head_dim,
+            launch::PAGED_ATTENTION_THREADS,
+        )?;
+        let num_partitions = g.grid.2 as usize;
+        let per_row = self.num_rows * self.num_heads;
+        let mut out = dev.alloc_zeros::<f32>(per_row * self.head_dim)?;
+        // Partial results only exist past one partition; the kernel never touches them otherwise.
+        let mut parts = if num_partitions > 1 {
+            Some(Partials::new(dev, per_row * num_partitions, self.head_dim)?)
+        } else {
+            None
+        };
+        let block_tables = dev.clone_htod(&rows.block_tables)?;
+        let row_seq = dev.clone_htod(&rows.row_seq)?;
+        let row_pos = dev.clone_htod(&rows.row_pos)?;
+        let q = tensor_view::<T>(q.0, q.1, "paged_attention q")?;
+        let k = tensor_view::<T>(k.0, k.1, "paged_attention k cache")?;
+        let v = tensor_view::<T>(v.0, v.1, "paged_attention v cache")?;
+        let ints = [
+            c_int(self.num_heads, "heads")?,
+            c_int(self.kv_heads, "kv heads")?,
+            c_int(self.head_dim, "head dim")?,
+            c_int(self.block_size, "block size")?,
+            c_int(rows.max_blocks_per_seq, "blocks per sequence")?,
+            c_int(num_partitions, "partitions")?,
+        ];
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let null = 0u64;
+        let name = format!("paged_attention_{}", T::DTYPE.as_str());
+        let func = kernel(dev, Module::PagedAttention, &name)?;
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&mut out);
+        match &mut parts {
+            Some(p) => builder.arg(&mut p.out).arg(&mut p.max).arg(&mut p.sum),
+            None => builder.arg(&null).arg(&null).arg(&null),
+        };
+        builder.arg(&q).arg(&k).arg(&v);
+        builder.arg(&block_tables).arg(&row_seq).arg(&row_pos);
+        for n in &ints {
+            builder.arg(n);
+        }
+        builder.arg(&scale);
+        // SAFETY: the arguments match `paged_attention_<dtype>` (kernels/README.md). The metadata
+        // was validated against the cache (`meta.validate`), so every block id a row reads is
+        // inside the caches and every position is inside its block table; `out` holds
+        // `[rows, heads, head_dim]` and, with several partitions, the partial buffers hold
+        // `[rows, heads, partitions(, head_dim)]`; with one partition they are null and unused.
+        unsafe { builder.launch(config(g)) }.w()?;
+        drop(builder);
+        if let Some(p) = &parts {
+            p.merge(dev, &mut out, &row_pos, self, num_partitions)?;
+        }
+        Ok(out)
+    }
+}
+
+/// The per-partition results that `paged_attention_merge_f32` combines.
+struct Partials {
+    out: CudaSlice<f32>,
+    max: CudaSlice<f32>,
+    sum: CudaSlice<f32>,
+}
+
+impl Partials {
+    fn new(dev: &CudaDevice, num_parts: usize, head_dim: usize) -> candle_core::Result<Self> {
+        Ok(Self {
+            out: dev.alloc_zeros(num_parts * head_dim)?,
+            max: dev.alloc_zeros(num_parts)?,
+            sum: dev.alloc_zeros(num_parts)?,
+        })
+    }
+
+    fn merge(
+        &self,
+        dev: &CudaDevice,
+        out: &mut CudaSlice<f32>,
+        row_pos: &CudaSlice<u32>,
+        shape: &AttentionShape,
+        num_partitions: usize,
+    ) -> Result<()> {
+        let g = launch::paged_attention_merge(
+            shape.num_heads,
+            shape.num_rows,
+            launch::PAGED_ATTENTION_THREADS,
+        )?;
+        let ints = [
+            c_int(shape.num_heads, "heads")?,
+            c_int(shape.head_dim, "head dim")?,
+            c_int(num_partitions, "partitions")?,
+        ];
+        let func = kernel(dev, Module::PagedAttention, "paged_attention_merge_f32")?;
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder
+            .arg(out)
+            .arg(&self.out)
+            .arg(&self.max)
+            .arg(&self.sum)
+            .arg(row_pos);
+        for n in &ints {
+            builder.arg(n);
+        }
+        // SAFETY: the arguments match `paged_attention_merge_f32`; block (head, row) reads that
+        // row's partitions from the buffers the partition kernel filled (same shapes) and writes
+        // `head_dim` outputs of `out`. It runs after that kernel on the same stream.
+        unsafe { builder.launch(config(g)) }.w()?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// entropy_window
+
+/// Settings of one `entropy_window_f32` step (the engine's entropy threshold, flattened).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntropyWindowParams {
+    /// Escalate once the window's sum exceeds `tau · window`.
+    pub tau: f32,
+    /// Values the window covers; it accepts after this many.
+    pub window: usize,
+    /// 0 full softmax, 1 top-k renormalised, 2 top-k residual, 3 sampled NLL.
+    pub estimator: u32,
+    /// 0 nats, 1 bits.
+    pub unit: u32,
+}
+
+/// One step of every sequence's entropy window on the device: `stats` is the packed
+/// `[n, 4 + 2k]` output of [`crate::logits_reduce_packed`], `sampled_logprobs` f32 `[n]`,
+/// `observe` u32 `[n]` (0 keeps a sequence's state) and `state` f64 `[n, 4]`
+/// (`[sum, num_steps, decision, at_step]`, see `kernels/entropy_window.cu`). Returns the next
+/// state as a new tensor; `state` is left as it was.
+pub fn entropy_window_cuda(
+    stats: &Tensor,
+    sampled_logprobs: &Tensor,
+    observe: &Tensor,
+    state: &Tensor,
+    params: &EntropyWindowParams,
+) -> Result<Tensor> {
+    let (num_seqs, width) = stats.dims2()?;
+    let k = width.checked_sub(4).map(|w| w / 2).unwrap_or(0);
+    let bad = stats.dtype() != DType::F32
+        || width != crate::packed_width(k)
+        || sampled_logprobs.dims() != [num_seqs]
+        || sampled_logprobs.dtype() != DType::F32
+        || observe.dims() != [num_seqs]
+        || observe.dtype() != DType::U32
+        || state.dims() != [num_seqs, 4]
+        || state.dtype() != DType::F64
+        || params.estimator > 3
+        || params.unit > 1;
+    if bad {
+        return Err(OpsError::InvalidArgument(format!(
+            "entropy_window: stats {:?} {:?}, logprobs {:?}, observe {:?}, state {:?} {:?}, {params:?}",
+            stats.dims(),
+            stats.dtype(),
+            sampled_logprobs.dims(),
+            observe.dims(),
+            state.dims(),
+            state.dtype()
+        )));
+    }
+    let dev = stats.device().as_cuda_device()?.clone();
+    let mut next = dev.alloc_zeros::<f64>(num_seqs * 4)?;
+    {
+        let (s, l) = state.storage_and_layout();
+        dev.memcpy_dtod(
+            &tensor_view::<f64>(&s, l, "entropy_window state")?,
+            &mut next,
+        )?;
+    }
+    if num_seqs > 0 {
+        entropy_window_launch(
+            &dev,
+            (stats, sampled_logprobs, observe),
+            &mut next,
+            k,
+            params,
+        )?;
+    }
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(next, dev));
+    Ok(Tensor::from_storage(
+        storage,
+        (num_seqs, 4),
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+fn entropy_window_launch(
+    dev: &CudaDevice,
+    (stats, logprobs, observe): (&Tensor, &Tensor, &Tensor),
+    state: &mut CudaSlice<f64>,
+    k: usize,
+    p: &EntropyWindowParams,
+) -> Result<()> {
+    let num_seqs = observe.dim(0)?;
+    let g = launch::entropy_window(num_seqs, launch::ENTROPY_WINDOW_THREADS)?;
+    let (ss, sl) = stats.storage_and_layout();
+    let (ls, ll) = logprobs.storage_and_layout();
+    let (os, ol) = observe.storage_and_layout();
+    let stats = tensor_view::<f32>(&ss, sl, "entropy_window stats")?;
+    let logprobs = tensor_view::<f32>(&ls, ll, "entropy_window logprobs")?;
+    let observe = tensor_view::<u32>(&os, ol, "entropy_window observe")?;
+    let k = c_int(k, "k")?;
+    let (n, window) = (c_int(num_seqs, "sequences")?, c_int(p.window, "window")?);
+    let (estimator, unit) = (p.estimator as i32, p.unit as i32);
+    let func = kernel(dev, Module::EntropyWindow, "entropy_window_f32")?;
+    let stream = dev.cuda_stream();
+    let mut builder = stream.launch_builder(&func);
+    builder
+        .arg(&stats)
+        .arg(&k)
+        .arg(&logprobs)
+        .arg(&observe)
+        .arg(state);
+    builder
+        .arg(&n)
+        .arg(&p.tau)
+        .arg(&window)
+        .arg(&estimator)
+        .arg(&unit);
+    // SAFETY: the arguments match `entropy_window_f32` (kernels/README.md); thread `seq` below
+    // `num_seqs` reads row `seq` of `stats` (`4 + 2k` wide), `logprobs` and `observe`, and writes
+    // the four doubles of its state, all inside the buffers whose shapes were checked.
+    unsafe { builder.launch(config(g)) }.w()?;
+    Ok(())
+}

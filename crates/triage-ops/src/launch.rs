@@ -1,0 +1,183 @@
+//! Launch geometry of every CUDA kernel in `kernels/`: grid, block and dynamic shared bytes.
+//!
+//! One function per kernel family, called both by the CUDA launches (`cuda_fwd`) and by the
+//! simulator tests, so the geometry that is tested is the geometry that ships. Each takes the
+//! block size as an argument so the tests can also run the smallest one ([`MIN_THREADS`]).
+//! This file knows no CUDA: it is plain arithmetic, compiled with or without the `cuda` feature.
+
+use crate::{OpsError, Result};
+
+/// Threads of one warp; every kernel's block is a whole number of warps.
+pub const WARP_SIZE: u32 = 32;
+/// The smallest block every kernel supports: one warp.
+pub const MIN_THREADS: u32 = WARP_SIZE;
+/// The largest block a CUDA device accepts.
+pub const MAX_THREADS: u32 = 1024;
+/// Dynamic shared memory a block may use without opting in (48 KiB on every CUDA device).
+pub const MAX_DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
+
+/// Block size of `logits_reduce`: 8 warps keep enough 16-byte loads in flight for a 152k row.
+pub const LOGITS_REDUCE_THREADS: u32 = 256;
+/// Block size of `entropy_window` (one thread per sequence).
+pub const ENTROPY_WINDOW_THREADS: u32 = 64;
+/// Block size of `reshape_and_cache` (one block per token row).
+pub const RESHAPE_AND_CACHE_THREADS: u32 = 128;
+/// Block size of `paged_attention` and its merge kernel.
+pub const PAGED_ATTENTION_THREADS: u32 = 128;
+/// Keys one `paged_attention` block scores: longer contexts are split into partitions of this
+/// many keys whose partial results `paged_attention_merge` combines by log-sum-exp.
+pub const PARTITION_SIZE: u32 = 512;
+
+/// Everything `cuLaunchKernel` needs besides the arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchGeometry {
+    /// Blocks in x, y, z.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z.
+    pub block: (u32, u32, u32),
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchGeometry {
+    fn new(grid: (u32, u32, u32), threads: u32, shared_mem_bytes: u32) -> Result<Self> {
+        check_threads(threads)?;
+        if shared_mem_bytes > MAX_DEFAULT_SHARED_BYTES {
+            return Err(OpsError::InvalidArgument(format!(
+                "{shared_mem_bytes} bytes of shared memory exceed {MAX_DEFAULT_SHARED_BYTES}"
+            )));
+        }
+        Ok(Self {
+            grid,
+            block: (threads, 1, 1),
+            shared_mem_bytes,
+        })
+    }
+}
+
+fn check_threads(threads: u32) -> Result<()> {
+    if !(MIN_THREADS..=MAX_THREADS).contains(&threads) || !threads.is_multiple_of(WARP_SIZE) {
+        return Err(OpsError::InvalidArgument(format!(
+            "block size {threads} is not a multiple of {WARP_SIZE} in {MIN_THREADS}..={MAX_THREADS}"
+        )));
+    }
+    Ok(())
+}
+
+/// Largest grid extent in y and z (x allows 2^31 - 1).
+const MAX_GRID_YZ: usize = 65_535;
+const MAX_GRID_X: usize = (1 << 31) - 1;
+
+/// One grid extent: at least 1 (an empty launch is the caller's bug) and at most `max`.
+fn grid_dim(count: usize, max: usize, what: &str) -> Result<u32> {
+    if count == 0 || count > max {
+        return Err(OpsError::InvalidArgument(format!(
+            "{count} {what} do not fit a grid extent of 1..={max}"
+        )));
+    }
+    Ok(count as u32)
+}
+
+/// `logits_reduce_<dtype>`: one block per row; each thread keeps its own top-k list, and the
+/// block merges them in dynamic shared memory (`threads · k` ids and values).
+pub fn logits_reduce(num_rows: usize, k: usize, threads: u32) -> Result<LaunchGeometry> {
+    let shared = threads as usize * k * (std::mem::size_of::<f32>() + std::mem::size_of::<u32>());
+    LaunchGeometry::new(
+        (grid_dim(num_rows, MAX_GRID_X, "rows")?, 1, 1),
+        threads,
+        shared as u32,
+    )
+}
+
+/// `entropy_window_f32`: one thread per sequence.
+pub fn entropy_window(num_seqs: usize, threads: u32) -> Result<LaunchGeometry> {
+    let blocks = num_seqs.div_ceil(threads.max(1) as usize);
+    LaunchGeometry::new(
+        (grid_dim(blocks, MAX_GRID_X, "sequence blocks")?, 1, 1),
+        threads,
+        0,
+    )
+}
+
+/// `reshape_and_cache_<dtype>`: one block per new token row.
+pub fn reshape_and_cache(num_tokens: usize, threads: u32) -> Result<LaunchGeometry> {
+    LaunchGeometry::new(
+        (grid_dim(num_tokens, MAX_GRID_X, "token rows")?, 1, 1),
+        threads,
+        0,
+    )
+}
+
+/// Partitions of [`PARTITION_SIZE`] keys needed by the longest context of a step.
+pub fn num_partitions(max_context_len: usize) -> usize {
+    max_context_len.div_ceil(PARTITION_SIZE as usize).max(1)
+}
+
+/// `paged_attention_<dtype>`: one block per (query head, query row, partition). Shared memory
+/// holds the query row and the partition's scores, both f32.
+pub fn paged_attention(
+    num_heads: usize,
+    num_rows: usize,
+    max_context_len: usize,
+    head_dim: usize,
+    threads: u32,
+) -> Result<LaunchGeometry> {
+    let grid = (
+        grid_dim(num_heads, MAX_GRID_X, "heads")?,
+        grid_dim(num_rows, MAX_GRID_YZ, "query rows")?,
+        grid_dim(num_partitions(max_context_len), MAX_GRID_YZ, "partitions")?,
+    );
+    let shared = (head_dim + PARTITION_SIZE as usize) * std::mem::size_of::<f32>();
+    LaunchGeometry::new(grid, threads, shared as u32)
+}
+
+/// `paged_attention_merge_f32`: one block per (query head, query row), threads over head dims.
+pub fn paged_attention_merge(
+    num_heads: usize,
+    num_rows: usize,
+    threads: u32,
+) -> Result<LaunchGeometry> {
+    let grid = (
+        grid_dim(num_heads, MAX_GRID_X, "heads")?,
+        grid_dim(num_rows, MAX_GRID_YZ, "query rows")?,
+        1,
+    );
+    LaunchGeometry::new(grid, threads, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_are_whole_warps() {
+        assert!(logits_reduce(1, 20, 48).is_err());
+        assert!(logits_reduce(1, 20, 2048).is_err());
+        assert!(logits_reduce(1, 20, MIN_THREADS).is_ok());
+    }
+
+    #[test]
+    fn logits_reduce_shared_memory_fits_at_the_largest_k() {
+        let g = logits_reduce(64, crate::MAX_TOP_K, LOGITS_REDUCE_THREADS).unwrap();
+        assert_eq!(g.grid, (64, 1, 1));
+        assert_eq!(g.shared_mem_bytes, 256 * 20 * 8);
+        assert!(logits_reduce(1, crate::MAX_TOP_K, MAX_THREADS).is_err());
+    }
+
+    #[test]
+    fn long_contexts_split_into_partitions() {
+        assert_eq!(num_partitions(1), 1);
+        assert_eq!(num_partitions(512), 1);
+        assert_eq!(num_partitions(513), 2);
+        assert_eq!(num_partitions(32 * 1024), 64);
+        let g = paged_attention(14, 16, 8192, 64, PAGED_ATTENTION_THREADS).unwrap();
+        assert_eq!(g.grid, (14, 16, 16));
+        assert_eq!(g.shared_mem_bytes, (64 + 512) * 4);
+    }
+
+    #[test]
+    fn empty_grids_are_errors() {
+        assert!(reshape_and_cache(0, RESHAPE_AND_CACHE_THREADS).is_err());
+        assert!(entropy_window(0, ENTROPY_WINDOW_THREADS).is_err());
+    }
+}
