@@ -1,0 +1,475 @@
+//! The CUDA kernels of `kernels/`, compiled as C++ against the simulator header
+//! (`kernels/sim/cuda_sim.h`) and launched on the CPU with the geometry of `triage_ops::launch`.
+//!
+//! Each launcher checks the buffer sizes the kernel will touch against the geometry, so a test
+//! can only get out-of-bounds accesses from the kernel itself (which ASan builds report), and
+//! returns the simulator's message when it stopped a launch: a barrier or warp op reached by
+//! only some threads, a shuffle naming an exited lane, a dynamic shared-memory guard overwritten.
+//! The simulator's thread order and poison byte come from `CUDASIM_ORDER` and `CUDASIM_POISON`.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::Mutex;
+
+use half::{bf16, f16};
+use triage_ops::launch::{self, LaunchGeometry};
+use triage_ops::paged_attention::{check_slots, KernelRows};
+
+/// Why a simulated launch did not run to the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimError(pub String);
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// `Result` of a simulated launch.
+pub type Result<T> = std::result::Result<T, SimError>;
+
+/// [`LaunchGeometry`] as `cpp/launchers.cpp` reads it (public only because the launcher types
+/// name it; its fields are private).
+#[repr(C)]
+pub struct SimGeometry {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+}
+
+impl From<&LaunchGeometry> for SimGeometry {
+    fn from(g: &LaunchGeometry) -> Self {
+        Self {
+            grid: [g.grid.0, g.grid.1, g.grid.2],
+            block: [g.block.0, g.block.1, g.block.2],
+            shared_mem_bytes: g.shared_mem_bytes,
+        }
+    }
+}
+
+/// `SimPagedAttention` of `cpp/launchers.cpp`.
+#[repr(C)]
+pub struct SimPagedAttention {
+    out: *mut f32,
+    part_out: *mut f32,
+    part_max: *mut f32,
+    part_sum: *mut f32,
+    q: *const c_void,
+    k_cache: *const c_void,
+    v_cache: *const c_void,
+    block_tables: *const u32,
+    row_seq: *const u32,
+    row_pos: *const u32,
+    num_heads: c_int,
+    kv_heads: c_int,
+    head_dim: c_int,
+    block_size: c_int,
+    max_blocks_per_seq: c_int,
+    num_partitions: c_int,
+    scale: f32,
+}
+
+type LogitsReduceFn =
+    unsafe extern "C" fn(*const SimGeometry, *const c_void, *mut f32, c_int, c_int) -> c_int;
+type ReshapeAndCacheFn = unsafe extern "C" fn(
+    *const SimGeometry,
+    *const c_void,
+    *mut c_void,
+    *const u32,
+    c_int,
+) -> c_int;
+type PagedAttentionFn = unsafe extern "C" fn(*const SimGeometry, *const SimPagedAttention) -> c_int;
+
+extern "C" {
+    fn cudasim_last_error() -> *const c_char;
+    fn sim_logits_reduce_f32(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut f32,
+        v: c_int,
+        k: c_int,
+    ) -> c_int;
+    fn sim_logits_reduce_f16(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut f32,
+        v: c_int,
+        k: c_int,
+    ) -> c_int;
+    fn sim_logits_reduce_bf16(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut f32,
+        v: c_int,
+        k: c_int,
+    ) -> c_int;
+    fn sim_entropy_window_f32(
+        g: *const SimGeometry,
+        stats: *const f32,
+        k: c_int,
+        sampled_logprobs: *const f32,
+        observe: *const u32,
+        state: *mut f64,
+        num_seqs: c_int,
+        tau: f32,
+        window: c_int,
+        estimator: c_int,
+        unit: c_int,
+    ) -> c_int;
+    fn sim_reshape_and_cache_f32(
+        g: *const SimGeometry,
+        r: *const c_void,
+        c: *mut c_void,
+        s: *const u32,
+        n: c_int,
+    ) -> c_int;
+    fn sim_reshape_and_cache_f16(
+        g: *const SimGeometry,
+        r: *const c_void,
+        c: *mut c_void,
+        s: *const u32,
+        n: c_int,
+    ) -> c_int;
+    fn sim_reshape_and_cache_bf16(
+        g: *const SimGeometry,
+        r: *const c_void,
+        c: *mut c_void,
+        s: *const u32,
+        n: c_int,
+    ) -> c_int;
+    fn sim_paged_attention_f32(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
+    fn sim_paged_attention_f16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
+    fn sim_paged_attention_bf16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
+    fn sim_paged_attention_merge_f32(
+        g: *const SimGeometry,
+        out: *mut f32,
+        part_out: *const f32,
+        part_max: *const f32,
+        part_sum: *const f32,
+        row_pos: *const u32,
+        num_heads: c_int,
+        head_dim: c_int,
+        num_partitions: c_int,
+    ) -> c_int;
+}
+
+/// A kernel element type: `f32`, `f16` or `bf16`.
+pub trait Elem: launchers::Launchers + Copy + Send + Sync + 'static {}
+
+impl Elem for f32 {}
+impl Elem for f16 {}
+impl Elem for bf16 {}
+
+/// Each element type's launchers; private, so the FFI types stay inside this crate.
+mod launchers {
+    use super::*;
+
+    pub trait Launchers {
+        /// `logits_reduce_<dtype>`.
+        const LOGITS_REDUCE: LogitsReduceFn;
+        /// `reshape_and_cache_<dtype>`.
+        const RESHAPE_AND_CACHE: ReshapeAndCacheFn;
+        /// `paged_attention_<dtype>`.
+        const PAGED_ATTENTION: PagedAttentionFn;
+    }
+
+    impl Launchers for f32 {
+        const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_f32;
+        const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_f32;
+        const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f32;
+    }
+
+    impl Launchers for f16 {
+        const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_f16;
+        const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_f16;
+        const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f16;
+    }
+
+    impl Launchers for bf16 {
+        const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_bf16;
+        const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_bf16;
+        const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_bf16;
+    }
+}
+
+/// One launch at a time: the simulator's static shared memory is a single process-wide section.
+static LAUNCH: Mutex<()> = Mutex::new(());
+
+/// Runs one launcher under the lock and turns its status into a `Result`.
+fn run(launcher: impl FnOnce() -> c_int) -> Result<()> {
+    let _one_at_a_time = LAUNCH
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if launcher() == 0 {
+        return Ok(());
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the simulator returns a pointer to a NUL-terminated message it owns, valid until
+    // the next launch, which the lock held here keeps from starting.
+    let message = unsafe { CStr::from_ptr(cudasim_last_error()) };
+    Err(SimError(message.to_string_lossy().into_owned()))
+}
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(SimError(format!("launcher arguments: {}", what())))
+    }
+}
+
+fn c_int_of(n: usize) -> Result<c_int> {
+    c_int::try_from(n).map_err(|_| SimError(format!("{n} does not fit a C int")))
+}
+
+/// `logits_reduce_<dtype>` over `[rows, vocab]` logits (rows = grid x) into packed `out`.
+/// `logits` may start anywhere (the kernel reads a scalar head up to the first 16-byte boundary).
+pub fn logits_reduce<T: Elem>(
+    g: &LaunchGeometry,
+    logits: &[T],
+    out: &mut [f32],
+    vocab: usize,
+    k: usize,
+) -> Result<()> {
+    let rows = g.grid.0 as usize;
+    check(
+        logits.len() == rows * vocab && out.len() == rows * (4 + 2 * k),
+        || {
+            format!(
+                "{rows} rows of {vocab}, k {k}: {} logits, {} outputs",
+                logits.len(),
+                out.len()
+            )
+        },
+    )?;
+    check(k <= triage_ops::MAX_TOP_K, || format!("k {k}"))?;
+    let (vocab, k) = (c_int_of(vocab)?, c_int_of(k)?);
+    let geometry = SimGeometry::from(g);
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel reads `rows · vocab` logits and writes `rows · (4 + 2k)` outputs, the
+    // lengths checked above; both slices outlive the synchronous launch.
+    run(|| unsafe {
+        T::LOGITS_REDUCE(
+            &geometry,
+            logits.as_ptr().cast(),
+            out.as_mut_ptr(),
+            vocab,
+            k,
+        )
+    })
+}
+
+/// Settings of one `entropy_window_f32` launch (the engine's `Threshold`, flattened).
+#[derive(Debug, Clone, Copy)]
+pub struct EntropyWindowParams {
+    /// Packed stats columns hold this many top-k entries.
+    pub k: usize,
+    /// Escalate once the sum exceeds `tau · window`.
+    pub tau: f32,
+    /// Values the mean covers.
+    pub window: usize,
+    /// 0 full softmax, 1 top-k renormalised, 2 top-k residual, 3 sampled NLL.
+    pub estimator: u32,
+    /// 0 nats, 1 bits.
+    pub unit: u32,
+}
+
+/// One `entropy_window_f32` step for `observe.len()` sequences; `state` is `[n, 4]`.
+pub fn entropy_window(
+    g: &LaunchGeometry,
+    p: &EntropyWindowParams,
+    stats: &[f32],
+    sampled_logprobs: &[f32],
+    observe: &[u32],
+    state: &mut [f64],
+) -> Result<()> {
+    let n = observe.len();
+    check(
+        stats.len() == n * (4 + 2 * p.k) && sampled_logprobs.len() == n && state.len() == 4 * n,
+        || {
+            format!(
+                "{n} sequences: {} stats, {} states",
+                stats.len(),
+                state.len()
+            )
+        },
+    )?;
+    let geometry = SimGeometry::from(g);
+    let (k, num_seqs, window) = (c_int_of(p.k)?, c_int_of(n)?, c_int_of(p.window)?);
+    let (estimator, unit) = (p.estimator as c_int, p.unit as c_int);
+    #[allow(unsafe_code)]
+    // SAFETY: threads past `num_seqs` return at once; the others read and write only their own
+    // rows of the buffers, whose lengths are checked above.
+    run(|| unsafe {
+        sim_entropy_window_f32(
+            &geometry,
+            stats.as_ptr(),
+            k,
+            sampled_logprobs.as_ptr(),
+            observe.as_ptr(),
+            state.as_mut_ptr(),
+            num_seqs,
+            p.tau,
+            window,
+            estimator,
+            unit,
+        )
+    })
+}
+
+/// `reshape_and_cache_<dtype>`: `rows` (`[slots.len(), row_elems]`) into `cache`'s slots. The
+/// slots are validated first with the same host check the CUDA op uses.
+pub fn reshape_and_cache<T: Elem>(
+    g: &LaunchGeometry,
+    rows: &[T],
+    cache: &mut [T],
+    slots: &[u32],
+    row_elems: usize,
+) -> Result<()> {
+    check(
+        row_elems > 0
+            && rows.len() == slots.len() * row_elems
+            && g.grid.0 as usize == slots.len()
+            && cache.len().is_multiple_of(row_elems),
+        || {
+            format!(
+                "{} rows of {row_elems} for {} slots",
+                rows.len(),
+                slots.len()
+            )
+        },
+    )?;
+    check_slots(slots, cache.len() / row_elems).map_err(|e| SimError(e.to_string()))?;
+    let geometry = SimGeometry::from(g);
+    let row_elems = c_int_of(row_elems)?;
+    #[allow(unsafe_code)]
+    // SAFETY: every slot is padding (skipped) or within the cache, checked above, so each block
+    // writes one whole row inside `cache` and reads one row of `rows`.
+    run(|| unsafe {
+        T::RESHAPE_AND_CACHE(
+            &geometry,
+            rows.as_ptr().cast(),
+            cache.as_mut_ptr().cast(),
+            slots.as_ptr(),
+            row_elems,
+        )
+    })
+}
+
+/// Shapes of one paged-attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub num_heads: usize,
+    /// KV heads (divides `num_heads`).
+    pub kv_heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Tokens per cache block.
+    pub block_size: usize,
+    /// Blocks in each cache.
+    pub num_blocks: usize,
+}
+
+/// Fill value of every output and partial buffer before a launch, so an element the kernel
+/// should have written and did not shows.
+pub const OUTPUT_POISON: f32 = -7777.0;
+
+/// `paged_attention_<dtype>` (and, past one partition, `paged_attention_merge_f32`) for the
+/// query rows of `rows`, with `threads` per block. Returns `[rows, num_heads, head_dim]` f32.
+pub fn paged_attention<T: Elem>(
+    shape: &AttentionShape,
+    rows: &KernelRows,
+    q: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
+    threads: u32,
+) -> Result<Vec<f32>> {
+    let AttentionShape {
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        num_blocks,
+    } = *shape;
+    let num_rows = rows.row_pos.len();
+    let cache_len = num_blocks * block_size * kv_heads * head_dim;
+    check(
+        q.len() == num_rows * num_heads * head_dim
+            && k_cache.len() == cache_len
+            && v_cache.len() == cache_len
+            && kv_heads > 0
+            && num_heads.is_multiple_of(kv_heads)
+            && rows.row_seq.len() == num_rows
+            && rows.block_tables.iter().all(|&b| (b as usize) < num_blocks)
+            && rows
+                .row_seq
+                .iter()
+                .all(|&s| (s as usize + 1) * rows.max_blocks_per_seq <= rows.block_tables.len())
+            && rows
+                .row_pos
+                .iter()
+                .all(|&p| (p as usize) < rows.max_blocks_per_seq * block_size),
+        || {
+            format!(
+                "{num_rows} rows, {} q, {} cache elements",
+                q.len(),
+                k_cache.len()
+            )
+        },
+    )?;
+    let g = launch::paged_attention(num_heads, num_rows, rows.max_context_len, head_dim, threads)
+        .map_err(|e| SimError(e.to_string()))?;
+    let num_partitions = g.grid.2 as usize;
+    let mut out = vec![OUTPUT_POISON; num_rows * num_heads * head_dim];
+    let mut part_out = vec![OUTPUT_POISON; num_rows * num_heads * num_partitions * head_dim];
+    let mut part_max = vec![OUTPUT_POISON; num_rows * num_heads * num_partitions];
+    let mut part_sum = part_max.clone();
+    let args = SimPagedAttention {
+        out: out.as_mut_ptr(),
+        part_out: part_out.as_mut_ptr(),
+        part_max: part_max.as_mut_ptr(),
+        part_sum: part_sum.as_mut_ptr(),
+        q: q.as_ptr().cast(),
+        k_cache: k_cache.as_ptr().cast(),
+        v_cache: v_cache.as_ptr().cast(),
+        block_tables: rows.block_tables.as_ptr(),
+        row_seq: rows.row_seq.as_ptr(),
+        row_pos: rows.row_pos.as_ptr(),
+        num_heads: c_int_of(num_heads)?,
+        kv_heads: c_int_of(kv_heads)?,
+        head_dim: c_int_of(head_dim)?,
+        block_size: c_int_of(block_size)?,
+        max_blocks_per_seq: c_int_of(rows.max_blocks_per_seq)?,
+        num_partitions: c_int_of(num_partitions)?,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let geometry = SimGeometry::from(&g);
+    #[allow(unsafe_code)]
+    // SAFETY: the buffers have the sizes the kernel indexes (checked or allocated above, block
+    // ids checked against the cache) and outlive the synchronous launch.
+    run(|| unsafe { T::PAGED_ATTENTION(&geometry, &args) })?;
+    if num_partitions > 1 {
+        let merge = launch::paged_attention_merge(num_heads, num_rows, threads)
+            .map_err(|e| SimError(e.to_string()))?;
+        let geometry = SimGeometry::from(&merge);
+        let (h, d, p) = (args.num_heads, args.head_dim, args.num_partitions);
+        #[allow(unsafe_code)]
+        // SAFETY: as above; the merge reads the partial buffers the first launch wrote.
+        run(|| unsafe {
+            sim_paged_attention_merge_f32(
+                &geometry,
+                out.as_mut_ptr(),
+                part_out.as_ptr(),
+                part_max.as_ptr(),
+                part_sum.as_ptr(),
+                rows.row_pos.as_ptr(),
+                h,
+                d,
+                p,
+            )
+        })?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,185 @@
+//! `paged_attention_<dtype>` (with `paged_attention_merge_f32` past one partition) against
+//! `triage_ops::paged_attention::paged_attention` on the same values in f32.
+
+use half::{bf16, f16};
+use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
+use triage_kernel_sim::{paged_attention, AttentionShape};
+use triage_ops::launch::{MIN_THREADS, PAGED_ATTENTION_THREADS, PARTITION_SIZE};
+use triage_ops::paged_attention::{self as ops, PagedAttentionMetadata};
+
+use crate::inputs::{close, convert, normal, tensor, Dtype};
+
+/// Both sides accumulate in f32 from the same values, in different orders (the CPU op: eight
+/// lanes per dot product and one pass over the keys; the kernel: 32 lanes, per-partition sums
+/// merged by log-sum-exp). Outputs are convex combinations of values of magnitude ~1; the CPU
+/// op's own tolerance against its reference is 1e-4.
+const ABS: f32 = 2e-4;
+const REL: f32 = 1e-3;
+
+/// Query heads sharing each KV head (grouped-query attention).
+const GROUPS: [usize; 3] = [1, 2, 7];
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 64;
+const BLOCK_SIZE: usize = 16;
+
+/// One step: per sequence, (context length after the step, query rows this step).
+struct Step {
+    seqs: Vec<(usize, usize)>,
+}
+
+/// Block tables over shuffled block ids; every slot no sequence owns holds NaN, so a read past
+/// a sequence's context poisons its output.
+fn build(
+    rng: &mut StdRng,
+    step: &Step,
+    groups: usize,
+) -> (
+    AttentionShape,
+    PagedAttentionMetadata,
+    Vec<f32>,
+    Vec<f32>,
+    Vec<f32>,
+) {
+    let blocks_per_seq: Vec<usize> = step
+        .seqs
+        .iter()
+        .map(|&(len, _)| len.div_ceil(BLOCK_SIZE))
+        .collect();
+    let num_blocks = blocks_per_seq.iter().sum::<usize>() + 3;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut block_tables = Vec::new();
+    let mut next = 0;
+    for &n in &blocks_per_seq {
+        block_tables.push(ids[next..next + n].to_vec());
+        next += n;
+    }
+    let row = KV_HEADS * HEAD_DIM;
+    let mut k_cache = vec![f32::NAN; num_blocks * BLOCK_SIZE * row];
+    let mut v_cache = k_cache.clone();
+    for (s, &(len, _)) in step.seqs.iter().enumerate() {
+        for pos in 0..len {
+            let slot = ops::slot_of(&block_tables[s], BLOCK_SIZE, pos) as usize;
+            k_cache[slot * row..(slot + 1) * row].copy_from_slice(&normal(rng, row, 1.0));
+            v_cache[slot * row..(slot + 1) * row].copy_from_slice(&normal(rng, row, 1.0));
+        }
+    }
+    let num_heads = KV_HEADS * groups;
+    let num_rows: usize = step.seqs.iter().map(|&(_, q)| q).sum();
+    let q = normal(rng, num_rows * num_heads * HEAD_DIM, 1.0);
+    let shape = AttentionShape {
+        num_heads,
+        kv_heads: KV_HEADS,
+        head_dim: HEAD_DIM,
+        block_size: BLOCK_SIZE,
+        num_blocks,
+    };
+    let meta = PagedAttentionMetadata {
+        block_size: BLOCK_SIZE,
+        block_tables,
+        seq_lens: step.seqs.iter().map(|&(len, _)| len).collect(),
+        query_lens: step.seqs.iter().map(|&(_, q)| q).collect(),
+    };
+    (shape, meta, q, k_cache, v_cache)
+}
+
+fn run_case<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads: u32) {
+    let (shape, meta, q, k_cache, v_cache) = build(rng, step, groups);
+    // The kernel's dtype holds the values; the CPU op gets the same values in f32.
+    let (q, k_cache, v_cache) = (
+        convert::<T>(&q, 0),
+        convert::<T>(&k_cache, 0),
+        convert::<T>(&v_cache, 0),
+    );
+    let as_f32 = |xs: &[T]| xs.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+    let num_rows = q.len() / (shape.num_heads * HEAD_DIM);
+    let cache_shape = [shape.num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM];
+    let want = ops::paged_attention(
+        &tensor(&as_f32(&q), &[num_rows, shape.num_heads, HEAD_DIM]),
+        &tensor(&as_f32(&k_cache), &cache_shape),
+        &tensor(&as_f32(&v_cache), &cache_shape),
+        &meta,
+    )
+    .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+    .expect("cpu op");
+    meta.validate(num_rows, shape.num_blocks)
+        .expect("valid metadata");
+    let rows = meta.kernel_rows();
+    let got = paged_attention(&shape, &rows, &q, &k_cache, &v_cache, threads).expect("launch");
+    let context = format!(
+        "{:?} seqs {:?} groups {groups} threads {threads}",
+        T::DTYPE,
+        step.seqs
+    );
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!(!w.is_nan(), "{context}: the CPU op read a NaN slot at {i}");
+        assert!(
+            close(g, w, ABS, REL),
+            "{context}: element {i}: kernel {g}, cpu {w}"
+        );
+    }
+}
+
+/// Decode of 16 sequences whose contexts sit on and around block and partition boundaries.
+fn decode_batch(rng: &mut StdRng) -> Step {
+    let p = PARTITION_SIZE as usize;
+    let mut lens = vec![
+        1,
+        BLOCK_SIZE,
+        BLOCK_SIZE + 1,
+        p - 1,
+        p,
+        p + 1,
+        2 * p,
+        2 * p + 1,
+    ];
+    lens.extend((0..8).map(|_| rng.random_range(1..=3 * p)));
+    Step {
+        seqs: lens.into_iter().map(|len| (len, 1)).collect(),
+    }
+}
+
+/// A prefill chunk of 37 rows over a cached prefix that crosses a partition, next to a decode
+/// row and a whole 20-token prompt.
+fn prefill_chunk() -> Step {
+    Step {
+        seqs: vec![(700 + 37, 37), (45, 1), (20, 20)],
+    }
+}
+
+fn every_case<T: Dtype>(seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    for groups in GROUPS {
+        for threads in [MIN_THREADS, PAGED_ATTENTION_THREADS] {
+            let step = decode_batch(&mut rng);
+            run_case::<T>(&mut rng, &step, groups, threads);
+            run_case::<T>(&mut rng, &prefill_chunk(), groups, threads);
+        }
+    }
+}
+
+#[test]
+fn f32_decode_and_prefill_match_the_cpu_op() {
+    every_case::<f32>(41);
+}
+
+#[test]
+fn f16_decode_and_prefill_match_the_cpu_op() {
+    every_case::<f16>(42);
+}
+
+#[test]
+fn bf16_decode_and_prefill_match_the_cpu_op() {
+    every_case::<bf16>(43);
+}
+
+/// Long contexts: 8k + 1 and 32k tokens, 17 and 64 partitions merged by the second kernel.
+#[test]
+fn long_contexts_split_into_partitions_match_the_cpu_op() {
+    let mut rng = StdRng::seed_from_u64(44);
+    let step = Step {
+        seqs: vec![(8 * 1024 + 1, 1), (32 * 1024, 1)],
+    };
+    run_case::<bf16>(&mut rng, &step, 7, PAGED_ATTENTION_THREADS);
+    run_case::<f32>(&mut rng, &step, 1, MIN_THREADS);
+}
