@@ -122,11 +122,11 @@ fn bf16_rows_match_the_cpu_op() {
     every_case::<bf16>(3);
 }
 
-/// Decode batches: 16 rows of Qwen2's vocabulary, 64 rows of an odd one.
+/// Decode batches: 1 and 16 rows of Qwen2's vocabulary, 64 rows of an odd one.
 #[test]
 fn batches_match_the_cpu_op() {
     let mut rng = StdRng::seed_from_u64(4);
-    for (num_rows, vocab) in [(16, 151_936), (64, 4099)] {
+    for (num_rows, vocab) in [(1, 151_936), (16, 151_936), (64, 4099)] {
         let scale = rng.random_range(1.0..4.0);
         let flat = normal(&mut rng, num_rows * vocab, scale);
         let logits = convert::<bf16>(&flat, 0);
