@@ -11,7 +11,9 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::Mutex;
 
 use half::{bf16, f16};
+use triage_ops::entropy_window::{EntropyWindowParams, STATE_WIDTH};
 use triage_ops::launch::{self, LaunchGeometry};
+use triage_ops::packed_width;
 use triage_ops::paged_attention::{check_slots, KernelRows};
 
 /// Why a simulated launch did not run to the end.
@@ -260,25 +262,12 @@ pub fn logits_reduce<T: Elem>(
     })
 }
 
-/// Settings of one `entropy_window_f32` launch (the engine's `Threshold`, flattened).
-#[derive(Debug, Clone, Copy)]
-pub struct EntropyWindowParams {
-    /// Packed stats columns hold this many top-k entries.
-    pub k: usize,
-    /// Escalate once the sum exceeds `tau · window`.
-    pub tau: f32,
-    /// Values the mean covers.
-    pub window: usize,
-    /// 0 full softmax, 1 top-k renormalised, 2 top-k residual, 3 sampled NLL.
-    pub estimator: u32,
-    /// 0 nats, 1 bits.
-    pub unit: u32,
-}
-
-/// One `entropy_window_f32` step for `observe.len()` sequences; `state` is `[n, 4]`.
+/// One `entropy_window_f32` step for `observe.len()` sequences whose packed stats hold `k`
+/// top-k entries; `state` is `[n, STATE_WIDTH]`.
 pub fn entropy_window(
     g: &LaunchGeometry,
     p: &EntropyWindowParams,
+    k: usize,
     stats: &[f32],
     sampled_logprobs: &[f32],
     observe: &[u32],
@@ -286,7 +275,9 @@ pub fn entropy_window(
 ) -> Result<()> {
     let n = observe.len();
     check(
-        stats.len() == n * (4 + 2 * p.k) && sampled_logprobs.len() == n && state.len() == 4 * n,
+        stats.len() == n * packed_width(k)
+            && sampled_logprobs.len() == n
+            && state.len() == STATE_WIDTH * n,
         || {
             format!(
                 "{n} sequences: {} stats, {} states",
@@ -296,7 +287,7 @@ pub fn entropy_window(
         },
     )?;
     let geometry = SimGeometry::from(g);
-    let (k, num_seqs, window) = (c_int_of(p.k)?, c_int_of(n)?, c_int_of(p.window)?);
+    let (k, num_seqs, window) = (c_int_of(k)?, c_int_of(n)?, c_int_of(p.window)?);
     let (estimator, unit) = (p.estimator as c_int, p.unit as c_int);
     #[allow(unsafe_code)]
     // SAFETY: threads past `num_seqs` return at once; the others read and write only their own

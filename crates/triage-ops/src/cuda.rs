@@ -14,6 +14,7 @@ use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
 
+use crate::entropy_window::EntropyWindowParams;
 use crate::launch::{self, LaunchGeometry};
 use crate::paged_attention::{check_slots, PagedAttentionMetadata};
 use crate::{OpsError, Result};
@@ -466,19 +467,6 @@ impl Partials {
 
 // ---------------------------------------------------------------------------------------------
 // entropy_window
-
-/// Settings of one `entropy_window_f32` step (the engine's entropy threshold, flattened).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EntropyWindowParams {
-    /// Escalate once the window's sum exceeds `tau · window`.
-    pub tau: f32,
-    /// Values the window covers; it accepts after this many.
-    pub window: usize,
-    /// 0 full softmax, 1 top-k renormalised, 2 top-k residual, 3 sampled NLL.
-    pub estimator: u32,
-    /// 0 nats, 1 bits.
-    pub unit: u32,
-}
 
 /// One step of every sequence's entropy window on the device: `stats` is the packed
 /// `[n, 4 + 2k]` output of [`crate::logits_reduce_packed`], `sampled_logprobs` f32 `[n]`,

@@ -8,6 +8,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 pub mod cuda;
+pub mod entropy_window;
 pub mod error;
 pub mod launch;
 pub mod logits_reduce;

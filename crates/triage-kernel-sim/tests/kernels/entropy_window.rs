@@ -2,7 +2,10 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
-use triage_kernel_sim::{entropy_window, EntropyWindowParams};
+use triage_kernel_sim::entropy_window;
+use triage_ops::entropy_window::{
+    EntropyWindowParams, DECISION_ACCEPT, DECISION_CONTINUE, DECISION_ESCALATE, DECISION_INVALID,
+};
 use triage_ops::launch::{self, ENTROPY_WINDOW_THREADS, MIN_THREADS};
 use triage_ops::{logits_reduce_packed, LogitsStats};
 
@@ -17,13 +20,13 @@ const ESTIMATORS: [(EntropyEstimator, u32); 4] = [
 const UNITS: [(EntropyUnit, u32); 2] = [(EntropyUnit::Nats, 0), (EntropyUnit::Bits, 1)];
 const VOCAB: usize = 64;
 
-/// The kernel's decision code for a monitor's result (3: the monitor returned an error).
+/// The kernel's decision code for a monitor's result (invalid: the monitor returned an error).
 fn code(result: &Result<Decision, triage_engine::EngineError>) -> (f64, Option<usize>) {
     match result {
-        Ok(Decision::Continue) => (0.0, None),
-        Ok(Decision::Accept) => (1.0, None),
-        Ok(Decision::Escalate { at_step }) => (2.0, Some(*at_step)),
-        Err(_) => (3.0, None),
+        Ok(Decision::Continue) => (DECISION_CONTINUE, None),
+        Ok(Decision::Accept) => (DECISION_ACCEPT, None),
+        Ok(Decision::Escalate { at_step }) => (DECISION_ESCALATE, Some(*at_step)),
+        Err(_) => (DECISION_INVALID, None),
     }
 }
 
@@ -71,7 +74,6 @@ fn run_case(
     let mut last: Vec<(f64, Option<usize>)> = vec![(0.0, None); n];
     let mut state = vec![0f64; 4 * n];
     let params = EntropyWindowParams {
-        k,
         tau,
         window,
         estimator: estimator.1,
@@ -83,9 +85,9 @@ fn run_case(
     for step_idx in 0..window + 3 {
         let poison = (step_idx == 2).then_some(5);
         let (stats, sampled, observe) = step(rng, &scales, k, poison);
-        entropy_window(&g, &params, &stats, &sampled, &observe, &mut state).expect("launch");
+        entropy_window(&g, &params, k, &stats, &sampled, &observe, &mut state).expect("launch");
         for s in 0..n {
-            if observe[s] == 1 && last[s].0 == 0.0 {
+            if observe[s] == 1 && last[s].0 == DECISION_CONTINUE {
                 let row = &stats[s * (4 + 2 * k)..(s + 1) * (4 + 2 * k)];
                 let stats = LogitsStats::from_packed_rows(&tensor(row, &[1, 4 + 2 * k]), k)
                     .expect("row")[0]
@@ -98,13 +100,17 @@ fn run_case(
                 last[s]
             );
             assert_eq!(st[2], last[s].0, "{at}");
-            if last[s].0 == 3.0 {
+            if last[s].0 == DECISION_INVALID {
                 continue; // the monitor's state after an error is not specified
             }
             assert_eq!(st[1], monitors[s].num_steps() as f64, "{at}");
             assert_eq!(
                 last[s].1.map(|a| a as f64).unwrap_or(0.0),
-                if st[2] == 2.0 { st[3] } else { 0.0 },
+                if st[2] == DECISION_ESCALATE {
+                    st[3]
+                } else {
+                    0.0
+                },
                 "{at}"
             );
             let mean = monitors[s].mean().map(f64::from);
