@@ -259,43 +259,21 @@ impl RowsArgs<'_> {
 // ---------------------------------------------------------------------------------------------
 // paged_attention
 
-/// CUDA form of [`crate::paged_attention::paged_attention`] (which calls it for CUDA tensors):
+/// CUDA form of [`crate::paged_attention::paged_attention`], which calls it for CUDA tensors
+/// after its input checks:
 /// `q` `[num_tokens, num_heads, head_dim]` (converted to the caches' dtype) over caches
 /// `[num_blocks, block_size, kv_heads, head_dim]` in f32, f16 or bf16. Returns
 /// `[num_tokens, num_heads, head_dim]` f32. Contexts longer than [`launch::PARTITION_SIZE`]
 /// keys run in partitions that `paged_attention_merge_f32` combines.
-pub fn paged_attention_cuda(
+pub(crate) fn paged_attention_cuda(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     meta: &PagedAttentionMetadata,
 ) -> Result<Tensor> {
     let (num_tokens, num_heads, head_dim) = q.dims3()?;
-    let (num_blocks, block_size, kv_heads, kd) = k_cache.dims4()?;
-    let same_device = |t: &Tensor| t.device().same_device(q.device());
-    if kd != head_dim
-        || kv_heads == 0
-        || num_heads % kv_heads != 0
-        || v_cache.dims() != k_cache.dims()
-        || !same_device(k_cache)
-        || !same_device(v_cache)
-    {
-        return Err(OpsError::InvalidArgument(format!(
-            "q {:?}, k cache {:?}, v cache {:?}",
-            q.dims(),
-            k_cache.dims(),
-            v_cache.dims()
-        )));
-    }
-    if block_size != meta.block_size || v_cache.dtype() != k_cache.dtype() {
-        return Err(OpsError::InvalidArgument(format!(
-            "caches of block size {block_size} ({:?}, {:?}) for metadata of block size {}",
-            k_cache.dtype(),
-            v_cache.dtype(),
-            meta.block_size
-        )));
-    }
-    meta.validate(num_tokens, num_blocks)?;
+    let (_, block_size, kv_heads, _) = k_cache.dims4()?;
+    // `paged_attention` checked shapes, dtypes, devices and metadata (`check_inputs`) first.
     let dev = q.device().as_cuda_device()?.clone();
     if num_tokens == 0 {
         return Ok(Tensor::zeros(

@@ -8,7 +8,7 @@ use crate::paged_attention::PagedAttentionMetadata;
 use crate::{OpsError, Result};
 
 /// Needs the `cuda` feature.
-pub fn paged_attention_cuda(
+pub(crate) fn paged_attention_cuda(
     _q: &Tensor,
     _k_cache: &Tensor,
     _v_cache: &Tensor,

@@ -346,8 +346,9 @@ pub fn paged_attention(
     Ok(Tensor::cat(&parts, 0)?)
 }
 
-/// Shapes of the query and caches agree with each other and with the metadata.
-fn check_inputs(
+/// Shapes, dtypes and devices of the query and caches agree with each other and with the
+/// metadata; block ids lie inside the cache. Shared by the CPU and CUDA forms.
+pub(crate) fn check_inputs(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
@@ -355,10 +356,15 @@ fn check_inputs(
 ) -> Result<()> {
     let (num_tokens, num_heads, head_dim) = q.dims3()?;
     let (_, block_size, kv_heads, kd) = k_cache.dims4()?;
+    let same_device = |t: &Tensor| t.device().same_device(q.device());
     if kd != head_dim
         || block_size != meta.block_size
+        || kv_heads == 0
         || num_heads % kv_heads != 0
         || v_cache.dims() != k_cache.dims()
+        || v_cache.dtype() != k_cache.dtype()
+        || !same_device(k_cache)
+        || !same_device(v_cache)
     {
         return Err(OpsError::InvalidArgument(format!(
             "q {:?}, k cache {:?}, v cache {:?}",

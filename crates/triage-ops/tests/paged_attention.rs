@@ -1,7 +1,7 @@
 //! Paged KV ops against their `*_slow` references on random inputs, with every unused cache slot
 //! set to NaN so that a read outside a sequence poisons the result.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use triage_ops::paged_attention::{
@@ -157,6 +157,16 @@ fn inconsistent_metadata_is_an_error() {
     let (q, k, v, mut meta) = scenario(1);
     meta.seq_lens[1] = 99;
     assert!(paged_attention(&q, &k, &v, &meta).is_err());
+    // A block id past the cache is refused before any kernel reads it.
+    let (q, k, v, mut meta) = scenario(1);
+    meta.block_tables[0][0] = k.dim(0).unwrap() as u32;
+    assert!(paged_attention(&q, &k, &v, &meta).is_err());
+    // Caches without KV heads, or of two dtypes, are errors, not a division by zero.
+    let (q, k, v, meta) = scenario(1);
+    let (blocks, block_size, _, head_dim) = k.dims4().unwrap();
+    let empty = Tensor::zeros((blocks, block_size, 0, head_dim), DType::F32, &Device::Cpu).unwrap();
+    assert!(paged_attention(&q, &empty, &empty, &meta).is_err());
+    assert!(paged_attention(&q, &k, &v.to_dtype(DType::F16).unwrap(), &meta).is_err());
 }
 
 /// The CUDA forms against the CPU forms (which the tests above hold to the references): the
