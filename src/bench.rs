@@ -59,6 +59,7 @@ fn engine(model: &Arc<Model>, num_tokens: usize, max_num_seqs: usize) -> Result<
         max_num_batched_tokens: 4096,
         max_num_seqs,
         prefix_caching: true,
+        ..EngineConfig::default()
     };
     Ok(LlmEngine::new(model.clone(), config)?)
 }

@@ -80,6 +80,7 @@ fn config(prefix_caching: bool) -> EngineConfig {
         max_num_batched_tokens: 512,
         max_num_seqs: 8,
         prefix_caching,
+        ..EngineConfig::default()
     }
 }
 

@@ -198,9 +198,23 @@ pub fn generate(
     let mut finish_reason = FinishReason::Length;
     let mut decision = None;
     while tokens.len() < max_tokens {
-        let (stats, row) = reduce_row(&logits, top_k)?;
-        let id = sampler.sample(&row)?;
-        let logprob = row[id as usize] - stats.log_sum_exp;
+        let stats = reduce_row(&logits, top_k)?;
+        // The row leaves the device only for a sampler that draws or penalises, or for scoring.
+        let row = if sampler.takes_argmax() && params.score_token_ids.is_empty() {
+            None
+        } else {
+            Some(logits.flatten_all()?.to_vec1::<f32>()?)
+        };
+        let (id, logprob) = match &row {
+            None => (
+                sampler.record_argmax(&stats)?,
+                stats.max - stats.log_sum_exp,
+            ),
+            Some(row) => {
+                let id = sampler.sample(row)?;
+                (id, row[id as usize] - stats.log_sum_exp)
+            }
+        };
         let is_eos = (!params.ignore_eos && model.tokenizer.is_eos(id))
             || params.stop_token_ids.contains(&id);
         if is_eos {
@@ -221,7 +235,9 @@ pub fn generate(
                 .take(params.top_logprobs)
                 .copied()
                 .collect(),
-            scored_logprobs: scored_logprobs(&row, stats.log_sum_exp, &params.score_token_ids),
+            scored_logprobs: row.as_deref().map_or_else(Vec::new, |row| {
+                scored_logprobs(row, stats.log_sum_exp, &params.score_token_ids)
+            }),
         };
         let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
         let out = stop.push(&piece);
@@ -330,12 +346,9 @@ fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {
     }
 }
 
-/// Reduce the single logits row and copy it to the host for the sampler.
-fn reduce_row(logits: &Tensor, k: usize) -> Result<(LogitsStats, Vec<f32>)> {
-    let mut stats = logits_reduce(logits, k)?;
-    let stats = stats
+/// Reduce the single logits row (only its statistics come back to the host).
+fn reduce_row(logits: &Tensor, k: usize) -> Result<LogitsStats> {
+    logits_reduce(logits, k)?
         .pop()
-        .ok_or_else(|| EngineError::Invalid("empty logits".into()))?;
-    let row = logits.flatten_all()?.to_vec1::<f32>()?;
-    Ok((stats, row))
+        .ok_or_else(|| EngineError::Invalid("empty logits".into()))
 }

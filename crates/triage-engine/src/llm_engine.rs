@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use triage_core::{
     FinishReason as CoreFinish, KvCacheManager, Request, Scheduler, SchedulerConfig,
 };
@@ -15,8 +15,8 @@ use triage_core::{
 /// A request's handle inside one engine.
 pub use triage_core::RequestId;
 use triage_models::model::Model;
-use triage_models::paged_kv_cache::{PagedKvCache, PagedStep, SeqStep};
-use triage_ops::{logits_reduce, MAX_TOP_K};
+use triage_models::paged_kv_cache::{default_kv_dtype, PagedKvCache, PagedStep, SeqStep};
+use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 
 use crate::generate::{
     resolve_max_tokens, tokenize_prompt, FinishReason, GenerateRequest, TokenOutput,
@@ -40,6 +40,8 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
     pub prefix_caching: bool,
+    /// Dtype of the KV blocks; `None` takes the device's default (f32 on CPU, bf16 on a GPU).
+    pub kv_dtype: Option<DType>,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +52,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 2048,
             max_num_seqs: 64,
             prefix_caching: true,
+            kv_dtype: None,
         }
     }
 }
@@ -131,17 +134,12 @@ impl std::fmt::Debug for LlmEngine {
 impl LlmEngine {
     pub fn new(model: Arc<Model>, config: EngineConfig) -> Result<Self> {
         let cfg = model.transformer.config();
-        let bytes_per_block = PagedKvCache::bytes_per_block(cfg, config.block_size.max(1));
-        let num_blocks = config
-            .kv_budget
-            .num_blocks(bytes_per_block, model.transformer.device())?;
-        let cache = PagedKvCache::new(
-            cfg,
-            num_blocks,
-            config.block_size,
-            0.0,
-            model.transformer.device(),
-        )?;
+        let device = model.transformer.device();
+        let kv_dtype = config.kv_dtype.unwrap_or_else(|| default_kv_dtype(device));
+        let bytes_per_block =
+            PagedKvCache::bytes_per_block(cfg, config.block_size.max(1), kv_dtype);
+        let num_blocks = config.kv_budget.num_blocks(bytes_per_block, device)?;
+        let cache = PagedKvCache::new(cfg, num_blocks, config.block_size, 0.0, kv_dtype, device)?;
         let kv = KvCacheManager::new(
             num_blocks,
             config.block_size,
@@ -309,8 +307,7 @@ impl LlmEngine {
                 samplers.push(s.id);
             }
         }
-        let device = self.model.transformer.device().clone();
-        let mut backend = PagedStep::new(&self.cache, &seqs, &device)?;
+        let mut backend = PagedStep::new(&self.cache, &seqs)?;
         let positions = backend.positions();
         // A step of prefill chunks only still needs one logits row from the forward pass.
         let logit_rows = if rows.is_empty() {
@@ -348,15 +345,17 @@ impl LlmEngine {
             .max()
             .unwrap_or(0)
             .min(MAX_TOP_K);
+        // One copy of the reduced rows; a logits row leaves the device only for a sampler that
+        // draws or penalises, or a request that scores tokens.
         let stats = logits_reduce(logits, k)?;
         let mut sampled = Vec::with_capacity(ids.len());
         let mut stopped = Vec::new();
         for (row, (&id, stat)) in ids.iter().zip(&stats).enumerate() {
-            let values = logits.get(row)?.to_vec1::<f32>()?;
             let Some(state) = self.states.get_mut(&id) else {
                 continue;
             };
-            let token = state.sampler.sample(&values)?;
+            let choice = choose_token(logits, row, stat, state)?;
+            let token = choice.token;
             let is_eos = (!state.ignore_eos && self.model.tokenizer.is_eos(token))
                 || state.stop_token_ids.contains(&token);
             if is_eos {
@@ -368,7 +367,7 @@ impl LlmEngine {
             let out = TokenOutput {
                 id: token,
                 text: self.model.tokenizer.decode(&[token], false)?,
-                logprob: values[token as usize] - stat.log_sum_exp,
+                logprob: choice.logprob,
                 entropy: stat.entropy,
                 top_logprobs: stat
                     .top_k
@@ -376,11 +375,7 @@ impl LlmEngine {
                     .take(state.top_logprobs)
                     .copied()
                     .collect(),
-                scored_logprobs: crate::generate::scored_logprobs(
-                    &values,
-                    stat.log_sum_exp,
-                    &state.score_token_ids,
-                ),
+                scored_logprobs: choice.scored_logprobs,
             };
             let piece = state
                 .decoder
@@ -426,4 +421,40 @@ impl LlmEngine {
         };
         let _ = state.tx.send(StreamEvent::Finished { reason, usage });
     }
+}
+
+/// One row's token with its raw logprob and scored logprobs.
+struct Choice {
+    token: u32,
+    logprob: f32,
+    scored_logprobs: Vec<(u32, f32)>,
+}
+
+/// Row `row` of `logits`, reduced to `stat`: a sampler that takes the argmax gets the reduction's
+/// (the row stays on the device); any other copies the row to the host and samples it.
+fn choose_token(
+    logits: &Tensor,
+    row: usize,
+    stat: &LogitsStats,
+    state: &mut SeqState,
+) -> Result<Choice> {
+    if state.sampler.takes_argmax() && state.score_token_ids.is_empty() {
+        let token = state.sampler.record_argmax(stat)?;
+        return Ok(Choice {
+            token,
+            logprob: stat.max - stat.log_sum_exp,
+            scored_logprobs: Vec::new(),
+        });
+    }
+    let values = logits.get(row)?.to_vec1::<f32>()?;
+    let token = state.sampler.sample(&values)?;
+    Ok(Choice {
+        token,
+        logprob: values[token as usize] - stat.log_sum_exp,
+        scored_logprobs: crate::generate::scored_logprobs(
+            &values,
+            stat.log_sum_exp,
+            &state.score_token_ids,
+        ),
+    })
 }

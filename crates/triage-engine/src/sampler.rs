@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+use triage_ops::LogitsStats;
 
 use crate::{EngineError, Result};
 
@@ -266,6 +267,35 @@ impl Sampler {
         Ok(token)
     }
 
+    /// Whether this sampler always chooses the row's argmax (greedy, neutral penalties): then the
+    /// fused reduction's argmax is the token, and the logits row need not leave the device.
+    pub fn takes_argmax(&self) -> bool {
+        self.params.is_greedy() && self.params.penalties_are_neutral()
+    }
+
+    /// Records the reduction's argmax as this step's token, for a sampler that
+    /// [takes the argmax](Self::takes_argmax) (an error otherwise). The reduction's ties go to the
+    /// lowest id, as [`Sampler::sample`]'s; it counts a NaN logit as `-inf` where `sample` refuses
+    /// the row, and a row without a finite largest logit is an error either way.
+    pub fn record_argmax(&mut self, stats: &LogitsStats) -> Result<u32> {
+        if !self.takes_argmax() {
+            return Err(EngineError::Invalid(
+                "record_argmax on a sampler that draws or penalises".into(),
+            ));
+        }
+        if !stats.max.is_finite() {
+            return Err(EngineError::Invalid(format!(
+                "logits: the largest logit is {}",
+                stats.max
+            )));
+        }
+        let token = stats.argmax;
+        let count = self.counts.entry(token).or_default();
+        count.num_generated = count.num_generated.saturating_add(1);
+        self.num_generated += 1;
+        Ok(token)
+    }
+
     /// Copies the logits into `candidates` and applies the penalties to the tokens seen so far.
     fn fill_candidates(&mut self, logits: &[f32]) -> Result<()> {
         check_logits(logits)?;
@@ -485,6 +515,56 @@ mod tests {
             let mut s = sampler(SamplingParams::greedy());
             assert_eq!(s.sample(&logits).unwrap() as usize, argmax);
         }
+    }
+
+    #[test]
+    fn the_reductions_argmax_is_the_greedy_token() {
+        // Random rows with planted ties and masked tokens: the fused reduction's argmax, recorded
+        // without the row, is what `sample` chooses from the row.
+        for seed in 0..20u64 {
+            let mut logits = random_logits(seed, 1000);
+            logits[(seed * 37 % 1000) as usize] = f32::NEG_INFINITY;
+            let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            logits[(seed * 11 % 997) as usize + 2] = top; // a tie with a higher id
+            let stats = triage_ops::logits_reduce(
+                &candle_core::Tensor::new(logits.as_slice(), &candle_core::Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap(),
+                0,
+            )
+            .unwrap()
+            .remove(0);
+            let (mut from_row, mut from_stats) = (
+                sampler(SamplingParams::greedy()),
+                sampler(SamplingParams::greedy()),
+            );
+            assert!(from_stats.takes_argmax());
+            let expected = from_row.sample(&logits).unwrap();
+            assert_eq!(
+                from_stats.record_argmax(&stats).unwrap(),
+                expected,
+                "seed {seed}"
+            );
+            assert_eq!(from_stats.num_generated(), 1);
+        }
+        let mut drawing = sampler(seeded(1));
+        assert!(!drawing.takes_argmax());
+        let stats = LogitsStats {
+            max: 1.0,
+            log_sum_exp: 2.0,
+            entropy: 0.5,
+            argmax: 3,
+            top_k: Vec::new(),
+        };
+        assert!(drawing.record_argmax(&stats).is_err());
+        let masked = LogitsStats {
+            max: f32::NEG_INFINITY,
+            ..stats
+        };
+        assert!(sampler(SamplingParams::greedy())
+            .record_argmax(&masked)
+            .is_err());
     }
 
     #[test]

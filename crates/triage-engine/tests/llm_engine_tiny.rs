@@ -104,6 +104,7 @@ fn eight_concurrent_requests_equal_each_alone_with_and_without_prefix_cache() {
             max_num_batched_tokens: 64,
             max_num_seqs: 8,
             prefix_caching,
+            ..EngineConfig::default()
         };
         let (got, _) = run_batched(&model, config, &requests);
         for (i, ((ids, text, usage), (e_ids, e_text))) in got.iter().zip(&expected).enumerate() {
@@ -132,6 +133,7 @@ fn a_pool_too_small_forces_preemption_and_outputs_stay_identical() {
         max_num_batched_tokens: 256,
         max_num_seqs: 8,
         prefix_caching: false,
+        ..EngineConfig::default()
     };
     let (got, preempted) = run_batched(&model, config, &requests);
     assert!(preempted > 0, "the pool was meant to force preemption");
@@ -150,6 +152,7 @@ fn cancelling_mid_prefill_and_mid_decode_frees_blocks() {
         max_num_batched_tokens: 8,
         max_num_seqs: 8,
         prefix_caching: true,
+        ..EngineConfig::default()
     };
     let mut engine = LlmEngine::new(model, config).unwrap();
     let (a, rx_a) = engine.add_request(&request(5)).unwrap(); // 46-token prompt: several chunks
@@ -185,6 +188,7 @@ fn oversized_requests_are_refused_up_front() {
         max_num_batched_tokens: 64,
         max_num_seqs: 8,
         prefix_caching: true,
+        ..EngineConfig::default()
     };
     let mut engine = LlmEngine::new(model, config).unwrap();
     assert!(engine.add_request(&request(7)).is_err());
@@ -198,6 +202,7 @@ fn config(num_blocks: usize) -> EngineConfig {
         max_num_batched_tokens: 64,
         max_num_seqs: 8,
         prefix_caching: true,
+        ..EngineConfig::default()
     }
 }
 
@@ -361,7 +366,11 @@ fn two_models_run_side_by_side_with_their_own_budgets() {
         39
     );
     let cfg = llama.transformer.config();
-    let per_block = triage_models::paged_kv_cache::PagedKvCache::bytes_per_block(cfg, 4);
+    let per_block = triage_models::paged_kv_cache::PagedKvCache::bytes_per_block(
+        cfg,
+        4,
+        candle_core::DType::F32,
+    );
     assert_eq!(
         set.get("lc").unwrap().scheduler().kv().pool().num_total() + 1,
         (512 * 1024) / per_block

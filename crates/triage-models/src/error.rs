@@ -30,6 +30,8 @@ pub enum ModelError {
     UnknownPreTokenizer(String),
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    #[error("{0} asked for, but this triage binary was built without the `cuda` feature (build one with scripts/build-cuda)")]
+    NotCompiledWithCuda(String),
     #[error("{0}")]
     Invalid(String),
 }

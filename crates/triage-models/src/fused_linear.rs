@@ -75,6 +75,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::layers::DenseLayout;
     use crate::weights::Weight;
 
     /// A Q8_0 layer `[out, 64]` with a bias, from seeded random values.
@@ -83,7 +84,11 @@ mod tests {
         let w = random(&[out, 64], seed);
         let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
         let bias = random(&[out], seed + 100);
-        Linear::new(Weight::Quantized(Arc::new(q)), Some(bias), dense_copy, &dev).unwrap()
+        let layout = DenseLayout {
+            dense_copy,
+            ..DenseLayout::F32
+        };
+        Linear::new(Weight::Quantized(Arc::new(q)), Some(bias), layout, &dev).unwrap()
     }
 
     fn random(shape: &[usize], seed: u64) -> Tensor {
@@ -133,7 +138,7 @@ mod tests {
             Linear::new(
                 Weight::Dense(random(&[8, 64], seed)),
                 None,
-                false,
+                DenseLayout::F32,
                 &Device::Cpu,
             )
             .unwrap()

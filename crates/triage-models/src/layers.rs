@@ -21,6 +21,33 @@ pub const DENSE_MIN_ROWS: usize = 64;
 /// throughput wins (AVX2 has no int8 dot instruction). `triage-ops/benches/ops_q8_matmul.rs`.
 pub const Q8_MAX_ROWS: usize = 64;
 
+/// How a `Linear` keeps dense matrices: their dtype (f32 on CPU, bf16 on a GPU, where f32
+/// copies would double the weights' memory) and whether quantized blocks also get an f32 copy
+/// for multi-row products (CPU prefill only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DenseLayout {
+    pub dtype: DType,
+    pub dense_copy: bool,
+}
+
+impl DenseLayout {
+    /// f32 matrices and no dense copy of quantized blocks.
+    pub const F32: DenseLayout = DenseLayout {
+        dtype: DType::F32,
+        dense_copy: false,
+    };
+}
+
+/// `x` (f32) times `wᵀ` in `w`'s dtype, back to f32: a bf16 matrix multiplies bf16 activations
+/// (the tensor cores' input) while the residual stream stays f32.
+fn dense_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if w.dtype() == x.dtype() {
+        return Ok(x.matmul(&w.t()?)?);
+    }
+    let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
+    Ok(y.to_dtype(x.dtype())?)
+}
+
 /// A linear layer `y = x Wᵀ + b` over rows of `x` (`[num_tokens, in]`).
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -34,17 +61,18 @@ pub struct Linear {
 
 impl Linear {
     /// Build from a stored weight. A quantized weight keeps its blocks for decode and, when
-    /// `dense_copy` is set, also an f32 copy for multi-row (prefill) products.
+    /// `layout.dense_copy` is set, also an f32 copy for multi-row (prefill) products; a dense
+    /// weight is stored in `layout.dtype`.
     pub fn new(
         weight: Weight,
         bias: Option<Tensor>,
-        dense_copy: bool,
+        layout: DenseLayout,
         device: &Device,
     ) -> Result<Self> {
         let (mut q8, mut quantized, mut dense) = (None, None, None);
         match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => {
-                if dense_copy {
+                if layout.dense_copy {
                     dense = Some(q.dequantize(device)?);
                 }
                 if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
@@ -54,7 +82,7 @@ impl Linear {
                     quantized = Some(QMatMul::from_arc(q)?);
                 }
             }
-            other => dense = Some(other.to_dense_f32(device)?),
+            other => dense = Some(other.to_dense(device, layout.dtype)?),
         }
         Ok(Self {
             q8,
@@ -99,11 +127,11 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let y = match (&self.q8, &self.quantized, &self.dense) {
-            (Some(_), _, Some(w)) if rows >= Q8_MAX_ROWS => x.matmul(&w.t()?)?,
+            (Some(_), _, Some(w)) if rows >= Q8_MAX_ROWS => dense_matmul(x, w)?,
             (Some(q), _, _) => q8_matmul(x, q)?,
-            (None, Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => x.matmul(&w.t()?)?,
+            (None, Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => dense_matmul(x, w)?,
             (None, Some(q), _) => q.forward(x)?,
-            (None, None, Some(w)) => x.matmul(&w.t()?)?,
+            (None, None, Some(w)) => dense_matmul(x, w)?,
             (None, None, None) => {
                 return Err(crate::ModelError::Invalid(
                     "linear layer without weight".into(),
@@ -137,7 +165,8 @@ impl RmsNorm {
     }
 }
 
-/// Token embedding table, quantized rows dequantized on lookup.
+/// Token embedding table, quantized rows dequantized on lookup, dense ones kept in the layout's
+/// dtype; lookups return f32.
 #[derive(Debug, Clone)]
 pub struct Embedding {
     weight: Weight,
@@ -145,13 +174,10 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn new(weight: Weight, device: &Device) -> Result<Self> {
+    pub fn new(weight: Weight, dtype: DType, device: &Device) -> Result<Self> {
         let weight = match weight {
-            Weight::Quantized(q) if !is_block_quantized(q.dtype()) => {
-                Weight::Dense(q.dequantize(device)?)
-            }
-            Weight::Dense(t) => Weight::Dense(t.to_device(device)?.to_dtype(DType::F32)?),
-            q => q,
+            Weight::Quantized(q) if is_block_quantized(q.dtype()) => Weight::Quantized(q),
+            other => Weight::Dense(other.to_dense(device, dtype)?),
         };
         let dims = weight.dims();
         let hidden_size = dims.get(1).copied().ok_or_else(|| {
@@ -179,7 +205,9 @@ impl Embedding {
             Weight::Quantized(q) => q.embedding(ids)?,
             Weight::Dense(t) => t.embedding(ids)?,
         };
-        Ok(out.reshape((ids.dim(0)?, self.hidden_size))?)
+        Ok(out
+            .reshape((ids.dim(0)?, self.hidden_size))?
+            .to_dtype(DType::F32)?)
     }
 }
 

@@ -7,6 +7,7 @@ pub mod bert;
 pub mod bert_fixtures;
 pub mod chat_template;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod fixtures;
 pub mod fused_linear;
@@ -22,4 +23,5 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
+pub use device::DeviceSpec;
 pub use error::{ModelError, Result};

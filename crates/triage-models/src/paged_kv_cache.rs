@@ -1,10 +1,12 @@
 //! The paged KV cache as an `AttentionBackend`: per-layer `[num_blocks, block_size, kv_heads,
-//! head_dim]` tensors; a `PagedStep` carries one forward pass's block tables and slots, so
-//! several sequences (prefills over cached prefixes and decodes) run in one batch.
+//! head_dim]` tensors in the cache's dtype, on the model's device; a `PagedStep` carries one
+//! forward pass's block tables and slots, so several sequences (prefills over cached prefixes and
+//! decodes) run in one batch. A step checks and uploads its metadata once, for every layer.
 
 use candle_core::{DType, Device, Tensor};
 use triage_ops::paged_attention::{
-    paged_attention, reshape_and_cache, slot_of, PagedAttentionMetadata,
+    paged_attention_planned, reshape_and_cache_mapped, slot_of, PagedAttentionMetadata,
+    PagedAttentionPlan, SlotMapping,
 };
 
 use crate::attention::AttentionBackend;
@@ -20,22 +22,41 @@ pub struct PagedKvCache {
 }
 
 impl PagedKvCache {
-    /// Allocate `num_blocks` blocks per layer (f32 on CPU), filled with `fill` (tests use NaN).
+    /// Allocate `num_blocks` blocks per layer in `dtype` on `device`, filled with `fill` (tests
+    /// use NaN). CPU caches are f32 (the CPU attention loops read f32); a GPU's may be bf16, f16
+    /// or f32.
     pub fn new(
         config: &ModelConfig,
         num_blocks: usize,
         block_size: usize,
         fill: f32,
+        dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        check_kv_dtype(dtype, device)?;
         let shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim);
         let mut k = Vec::with_capacity(config.num_layers);
         let mut v = Vec::with_capacity(config.num_layers);
         for _ in 0..config.num_layers {
-            k.push(Tensor::full(fill, shape, device)?.to_dtype(DType::F32)?);
-            v.push(Tensor::full(fill, shape, device)?.to_dtype(DType::F32)?);
+            k.push(Tensor::full(fill, shape, device)?.to_dtype(dtype)?);
+            v.push(Tensor::full(fill, shape, device)?.to_dtype(dtype)?);
         }
         Ok(Self { k, v, block_size })
+    }
+
+    /// The dtype K and V are stored in.
+    pub fn dtype(&self) -> DType {
+        self.k[0].dtype()
+    }
+
+    /// The device the blocks live on.
+    pub fn device(&self) -> &Device {
+        self.k[0].device()
+    }
+
+    /// Blocks per layer.
+    pub fn num_blocks(&self) -> usize {
+        self.k[0].dims()[0]
     }
 
     pub fn block_size(&self) -> usize {
@@ -48,7 +69,8 @@ impl PagedKvCache {
     }
 
     /// Copies of `blocks` from every layer: `(k, v)`, each `[blocks.len(), block_size, kv_heads,
-    /// head_dim]` per layer (what a persisted prefix stores).
+    /// head_dim]` per layer, on the cache's device in its dtype (what a persisted prefix stores,
+    /// after the caller copies it to the host).
     pub fn read_blocks(&self, blocks: &[u32]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         let ids = Tensor::new(blocks, self.k[0].device())?;
         let read = |t: &Tensor| t.index_select(&ids, 0);
@@ -66,7 +88,8 @@ impl PagedKvCache {
     }
 
     /// Overwrite `blocks` in every layer with `k[layer]` and `v[layer]`, shaped as
-    /// [`Self::read_blocks`] returns them.
+    /// [`Self::read_blocks`] returns them, from any device and dtype (a prefix read from disk is
+    /// on the host; it is copied to the cache's device and dtype here).
     pub fn write_blocks(&self, blocks: &[u32], k: &[Tensor], v: &[Tensor]) -> Result<()> {
         if k.len() != self.k.len() || v.len() != self.v.len() {
             return Err(crate::ModelError::Invalid(format!(
@@ -81,7 +104,7 @@ impl PagedKvCache {
             .iter()
             .flat_map(|&b| (0..bs as u32).map(move |i| b * bs as u32 + i))
             .collect();
-        let slots = Tensor::new(slots.as_slice(), self.k[0].device())?;
+        let slots = SlotMapping::new(slots, self.device())?;
         for (cache, src) in self.k.iter().chain(&self.v).zip(k.iter().chain(v)) {
             let (_, _, heads, dim) = cache.dims4()?;
             if src.dims() != [blocks.len(), bs, heads, dim] {
@@ -91,20 +114,46 @@ impl PagedKvCache {
                     cache.dims()
                 )));
             }
-            let rows = src.reshape((blocks.len() * bs, heads, dim))?;
-            reshape_and_cache(cache, &rows, &slots)?;
+            let rows = src
+                .reshape((blocks.len() * bs, heads, dim))?
+                .to_device(cache.device())?;
+            reshape_and_cache_mapped(cache, &rows, &slots)?;
         }
         Ok(())
     }
 
-    /// Bytes one block takes across all layers (K and V), for sizing pools from a memory budget.
-    pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
+    /// Bytes one block takes across all layers (K and V) in `dtype`, for sizing pools from a
+    /// memory budget.
+    pub fn bytes_per_block(config: &ModelConfig, block_size: usize, dtype: DType) -> usize {
         2 * config.num_layers
             * block_size
             * config.num_kv_heads
             * config.head_dim
-            * std::mem::size_of::<f32>()
+            * dtype.size_in_bytes()
     }
+}
+
+/// The KV dtype a device gets unless configured: bf16 on a GPU (half the bytes, the models' own
+/// precision), f32 on the CPU (whose attention loops read f32).
+pub fn default_kv_dtype(device: &Device) -> DType {
+    match device {
+        Device::Cpu => DType::F32,
+        _ => DType::BF16,
+    }
+}
+
+/// A KV dtype the device's attention can read: f32 on the CPU; bf16, f16 or f32 on a GPU.
+pub fn check_kv_dtype(dtype: DType, device: &Device) -> Result<()> {
+    let ok = match device {
+        Device::Cpu => dtype == DType::F32,
+        _ => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(crate::ModelError::Invalid(format!(
+        "a {dtype:?} KV cache on {device:?}: the CPU keeps f32 caches; a GPU bf16, f16 or f32"
+    )))
 }
 
 /// One sequence's part of a step.
@@ -117,16 +166,17 @@ pub struct SeqStep {
     pub num_new_tokens: usize,
 }
 
-/// A forward pass over several sequences through the paged cache.
+/// A forward pass over several sequences through the paged cache: its slots and attention plan
+/// are checked and uploaded once, when the step is made, and read by every layer.
 #[derive(Debug)]
 pub struct PagedStep<'a> {
     cache: &'a PagedKvCache,
-    meta: PagedAttentionMetadata,
-    slots: Tensor,
+    plan: PagedAttentionPlan,
+    slots: SlotMapping,
 }
 
 impl<'a> PagedStep<'a> {
-    pub fn new(cache: &'a PagedKvCache, seqs: &[SeqStep], device: &Device) -> Result<Self> {
+    pub fn new(cache: &'a PagedKvCache, seqs: &[SeqStep]) -> Result<Self> {
         let bs = cache.block_size;
         let mut slots = Vec::new();
         for s in seqs {
@@ -148,19 +198,20 @@ impl<'a> PagedStep<'a> {
                 .collect(),
             query_lens: seqs.iter().map(|s| s.num_new_tokens).collect(),
         };
+        let device = cache.device();
         Ok(Self {
             cache,
-            meta,
-            slots: Tensor::new(slots.as_slice(), device)?,
+            plan: PagedAttentionPlan::new(meta, cache.num_blocks(), device)?,
+            slots: SlotMapping::new(slots, device)?,
         })
     }
 
     /// Positions of this step's tokens, in batch order (what `Transformer::forward` takes).
     pub fn positions(&self) -> Vec<u32> {
-        self.meta
-            .seq_lens
+        let meta = self.plan.metadata();
+        meta.seq_lens
             .iter()
-            .zip(&self.meta.query_lens)
+            .zip(&meta.query_lens)
             .flat_map(|(&len, &q)| (len - q) as u32..len as u32)
             .collect()
     }
@@ -169,11 +220,11 @@ impl<'a> PagedStep<'a> {
 impl AttentionBackend for PagedStep<'_> {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let (k_cache, v_cache) = (&self.cache.k[layer_idx], &self.cache.v[layer_idx]);
-        reshape_and_cache(k_cache, &k.transpose(0, 1)?.contiguous()?, &self.slots)?;
-        reshape_and_cache(v_cache, &v.transpose(0, 1)?.contiguous()?, &self.slots)?;
+        reshape_and_cache_mapped(k_cache, &k.transpose(0, 1)?.contiguous()?, &self.slots)?;
+        reshape_and_cache_mapped(v_cache, &v.transpose(0, 1)?.contiguous()?, &self.slots)?;
         let q = q.transpose(0, 1)?.contiguous()?; // [n, heads, d]
         let (n, heads, d) = q.dims3()?;
-        let out = paged_attention(&q, k_cache, v_cache, &self.meta)?;
+        let out = paged_attention_planned(&q, k_cache, v_cache, &self.plan)?;
         Ok(out.reshape((n, heads * d))?)
     }
 }

@@ -2,12 +2,13 @@
 //! differ). The forward pass takes token ids, their positions and an `AttentionBackend`; it owns
 //! no cache policy.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
+use crate::device::DeviceSpec;
 use crate::fused_linear::FusedLinear;
-use crate::layers::{Embedding, Linear, Mlp, RmsNorm, RotaryEmbedding};
+use crate::layers::{DenseLayout, Embedding, Linear, Mlp, RmsNorm, RotaryEmbedding};
 use crate::weights::WeightSource;
 use crate::{ModelError, Result};
 
@@ -43,6 +44,8 @@ pub struct LoadOptions {
     /// Keep an f32 copy of quantized matrices for multi-row products (fast CPU prefill at the
     /// cost of memory: ~4 bytes per parameter).
     pub dense_prefill: bool,
+    /// Dtype of dense matrices (safetensors weights, GGUF F16/BF16/F32 matrices).
+    pub dense_dtype: DType,
 }
 
 impl Default for LoadOptions {
@@ -50,6 +53,30 @@ impl Default for LoadOptions {
         Self {
             device: Device::Cpu,
             dense_prefill: true,
+            dense_dtype: DType::F32,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// The layout for `spec`: on the CPU f32 matrices and dense prefill copies (the CPU GEMM's
+    /// fast path); on a GPU quantized blocks through candle's CUDA kernels, dense matrices in
+    /// bf16 and no f32 copies.
+    pub fn for_device(spec: DeviceSpec) -> Result<Self> {
+        Ok(match spec {
+            DeviceSpec::Cpu => Self::default(),
+            DeviceSpec::Cuda(_) => Self {
+                device: spec.open()?,
+                dense_prefill: false,
+                dense_dtype: DType::BF16,
+            },
+        })
+    }
+
+    fn layout(&self, dense_copy: bool) -> DenseLayout {
+        DenseLayout {
+            dtype: self.dense_dtype,
+            dense_copy: dense_copy && self.dense_prefill,
         }
     }
 }
@@ -62,7 +89,6 @@ impl Transformer {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let dev = &opts.device;
-        let dense = opts.dense_prefill;
         let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
             let weight = w.get(&format!("{name}.weight"), dev)?;
             let bias = if bias {
@@ -70,7 +96,7 @@ impl Transformer {
             } else {
                 None
             };
-            Linear::new(weight, bias, dense, dev)
+            Linear::new(weight, bias, opts.layout(true), dev)
         };
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -102,12 +128,17 @@ impl Transformer {
             };
             layers.push(layer);
         }
-        let embed = Embedding::new(weights.get("token_embd.weight", dev)?, dev)?;
+        let embed = Embedding::new(
+            weights.get("token_embd.weight", dev)?,
+            opts.dense_dtype,
+            dev,
+        )?;
         // Only the last row of a prompt reaches the LM head, so it stays quantized (no dense copy).
+        let head = opts.layout(false);
         let lm_head = if config.tie_embeddings {
-            Linear::new(embed.weight().clone(), None, false, dev)?
+            Linear::new(embed.weight().clone(), None, head, dev)?
         } else {
-            Linear::new(weights.get("output.weight", dev)?, None, false, dev)?
+            Linear::new(weights.get("output.weight", dev)?, None, head, dev)?
         };
         let norm = RmsNorm::new(
             weights.get("output_norm.weight", dev)?,

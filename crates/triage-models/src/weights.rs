@@ -22,9 +22,15 @@ pub enum Weight {
 impl Weight {
     /// The weight as a dense f32 tensor on `device`.
     pub fn to_dense_f32(&self, device: &Device) -> Result<Tensor> {
+        self.to_dense(device, DType::F32)
+    }
+
+    /// The weight as a dense `dtype` tensor on `device` (converted on the host first, so a GPU
+    /// never holds an f32 copy of a bf16 matrix).
+    pub fn to_dense(&self, device: &Device, dtype: DType) -> Result<Tensor> {
         Ok(match self {
-            Weight::Quantized(q) => q.dequantize(device)?,
-            Weight::Dense(t) => t.to_device(device)?.to_dtype(DType::F32)?,
+            Weight::Quantized(q) => q.dequantize(device)?.to_dtype(dtype)?,
+            Weight::Dense(t) => t.to_dtype(dtype)?.to_device(device)?,
         })
     }
 
@@ -175,7 +181,8 @@ impl WeightSource {
         }
     }
 
-    /// Read one tensor by its GGUF name.
+    /// Read one tensor by its GGUF name: GGUF blocks straight onto `device`, safetensors
+    /// tensors as stored, on the host.
     pub fn get(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
         match self {
             WeightSource::Gguf {
@@ -194,7 +201,9 @@ impl WeightSource {
                 let t = tensors
                     .get(&name)
                     .ok_or_else(|| invalid(dir, format!("missing tensor {name}")))?;
-                Ok(Weight::Dense(t.to_device(device)?))
+                // Stays on the host in its stored dtype: the layer converts it to its own dtype
+                // first and then uploads it (`Weight::to_dense`).
+                Ok(Weight::Dense(t.clone()))
             }
         }
     }

@@ -148,6 +148,44 @@ fn dense_prefill_copy_matches_quantized_path() {
     );
 }
 
+/// The GPU layout (dense matrices in bf16, activations cast at each product, residual stream
+/// in f32) tracks the f32 layout on the same bf16 weights: only the activations' rounding
+/// differs.
+#[test]
+fn bf16_dense_layout_tracks_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("hf");
+    write_tiny_safetensors(&hf, &TinySpec::new(Architecture::Qwen2), DType::BF16).unwrap();
+    let f32_layout = load_weights(&hf, &LoadOptions::default())
+        .unwrap()
+        .transformer;
+    let gpu_layout = LoadOptions {
+        dense_prefill: false,
+        dense_dtype: DType::BF16,
+        ..Default::default()
+    };
+    let bf16 = load_weights(&hf, &gpu_layout).unwrap().transformer;
+    let tokens = prompt(24, 4);
+    let (a, b) = (all_logits(&f32_layout, &tokens), all_logits(&bf16, &tokens));
+    assert_eq!(b.dtype(), DType::F32);
+    let (diff, scale) = (max_abs_diff(&a, &b), max_abs(&a));
+    // bf16 keeps 8 mantissa bits (relative rounding 2^-9 per product input); through two layers
+    // of this random network that stays within a few per cent of the logit scale.
+    assert!(
+        diff < 0.05 * scale,
+        "max abs diff {diff} at logit scale {scale}"
+    );
+    assert!(diff > 0.0, "the bf16 layout ran in f32");
+    let top_a = a.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+    let top_b = b.argmax(1).unwrap().to_vec1::<u32>().unwrap();
+    let agree = top_a.iter().zip(&top_b).filter(|(x, y)| x == y).count();
+    assert!(
+        agree * 10 >= top_a.len() * 9,
+        "argmax agrees on {agree}/{}",
+        top_a.len()
+    );
+}
+
 #[test]
 fn loads_tokenizer_and_chat_template_from_both_formats() {
     for arch in ARCHS {
@@ -229,7 +267,7 @@ mod paged {
     /// Run sequences through one paged step and return each sampling row's logits.
     fn step(model: &Transformer, cache: &PagedKvCache, seqs: &[(SeqStep, &[u32])]) -> Tensor {
         let steps: Vec<SeqStep> = seqs.iter().map(|(s, _)| s.clone()).collect();
-        let mut backend = PagedStep::new(cache, &steps, &candle_core::Device::Cpu).unwrap();
+        let mut backend = PagedStep::new(cache, &steps).unwrap();
         let ids: Vec<u32> = seqs
             .iter()
             .flat_map(|(s, t)| {
@@ -275,7 +313,8 @@ mod paged {
                 .collect();
             // Paged, all three sequences batched, blocks interleaved, unused slots NaN.
             let cache =
-                PagedKvCache::new(&cfg, 40, 4, f32::NAN, &candle_core::Device::Cpu).unwrap();
+                PagedKvCache::new(&cfg, 40, 4, f32::NAN, DType::F32, &candle_core::Device::Cpu)
+                    .unwrap();
             let tables: Vec<Vec<u32>> = (0..3u32)
                 .map(|s| (0..9u32).map(|b| 1 + b * 3 + s).collect())
                 .collect();

@@ -16,7 +16,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor
 
 use crate::entropy_window::EntropyWindowParams;
 use crate::launch::{self, LaunchGeometry};
-use crate::paged_attention::{check_slots, PagedAttentionMetadata};
+use crate::paged_attention::{check_slots, DeviceRows};
 use crate::{OpsError, Result};
 
 /// One `.cu` file of `kernels/`, compiled to PTX by `build.rs`.
@@ -107,6 +107,20 @@ fn tensor_view<'a, T: CudaDType>(
 fn f32_tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: impl Into<Shape>) -> Tensor {
     let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(slice, dev.clone()));
     Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+// ---------------------------------------------------------------------------------------------
+// devices
+
+/// CUDA device `ordinal`, with candle's own stream (the one every kernel here launches on).
+pub fn open_device(ordinal: usize) -> Result<candle_core::Device> {
+    Ok(candle_core::Device::new_cuda(ordinal)?)
+}
+
+/// `(free, total)` bytes of `device`'s memory now (the driver's `cuMemGetInfo`).
+pub fn memory_info(device: &candle_core::Device) -> Result<(usize, usize)> {
+    let dev = device.as_cuda_device()?;
+    Ok(dev.cuda_stream().context().mem_get_info().w()?)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,8 +273,8 @@ impl RowsArgs<'_> {
 // ---------------------------------------------------------------------------------------------
 // paged_attention
 
-/// CUDA form of [`crate::paged_attention::paged_attention`], which calls it for CUDA tensors
-/// after its input checks:
+/// CUDA form of [`crate::paged_attention::paged_attention_planned`], which calls it for CUDA
+/// tensors after its input checks, with the plan's uploaded rows:
 /// `q` `[num_tokens, num_heads, head_dim]` (converted to the caches' dtype) over caches
 /// `[num_blocks, block_size, kv_heads, head_dim]` in f32, f16 or bf16. Returns
 /// `[num_tokens, num_heads, head_dim]` f32. Contexts longer than [`launch::PARTITION_SIZE`]
@@ -269,11 +283,11 @@ pub(crate) fn paged_attention_cuda(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
-    meta: &PagedAttentionMetadata,
+    rows: &DeviceRows,
 ) -> Result<Tensor> {
     let (num_tokens, num_heads, head_dim) = q.dims3()?;
     let (_, block_size, kv_heads, _) = k_cache.dims4()?;
-    // `paged_attention` checked shapes, dtypes, devices and metadata (`check_inputs`) first.
+    // `paged_attention_planned` checked shapes, dtypes and devices, and the plan the metadata.
     let dev = q.device().as_cuda_device()?.clone();
     if num_tokens == 0 {
         return Ok(Tensor::zeros(
@@ -294,9 +308,9 @@ pub(crate) fn paged_attention_cuda(
     let (ks, kl) = k_cache.storage_and_layout();
     let (vs, vl) = v_cache.storage_and_layout();
     let out = match k_cache.dtype() {
-        DType::F32 => shape.run::<f32>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
-        DType::F16 => shape.run::<half::f16>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
-        DType::BF16 => shape.run::<half::bf16>(&dev, meta, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        DType::F32 => shape.run::<f32>(&dev, rows, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        DType::F16 => shape.run::<half::f16>(&dev, rows, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
+        DType::BF16 => shape.run::<half::bf16>(&dev, rows, (&*qs, ql), (&*ks, kl), (&*vs, vl))?,
         other => {
             return Err(OpsError::InvalidArgument(format!(
                 "paged_attention: caches of dtype {other:?}"
@@ -318,16 +332,15 @@ struct AttentionShape {
 type Input<'a> = (&'a Storage, &'a Layout);
 
 impl AttentionShape {
-    /// Uploads the metadata, runs the partition kernel and, past one partition, the merge.
+    /// Runs the partition kernel over the uploaded rows and, past one partition, the merge.
     fn run<T: CudaDType + DeviceRepr + WithDType>(
         &self,
         dev: &CudaDevice,
-        meta: &PagedAttentionMetadata,
+        rows: &DeviceRows,
         q: Input<'_>,
         k: Input<'_>,
         v: Input<'_>,
     ) -> Result<CudaSlice<f32>> {
-        let rows = meta.kernel_rows();
         let g = launch::paged_attention(
             self.num_heads,
             self.num_rows,
@@ -344,9 +357,12 @@ impl AttentionShape {
         } else {
             None
         };
-        let block_tables = dev.clone_htod(&rows.block_tables)?;
-        let row_seq = dev.clone_htod(&rows.row_seq)?;
-        let row_pos = dev.clone_htod(&rows.row_pos)?;
+        let (bs, bl) = rows.block_tables.storage_and_layout();
+        let (ss, sl) = rows.row_seq.storage_and_layout();
+        let (ps, pl) = rows.row_pos.storage_and_layout();
+        let block_tables = tensor_view::<u32>(&bs, bl, "paged_attention block tables")?;
+        let row_seq = tensor_view::<u32>(&ss, sl, "paged_attention row sequences")?;
+        let row_pos = tensor_view::<u32>(&ps, pl, "paged_attention row positions")?;
         let q = tensor_view::<T>(q.0, q.1, "paged_attention q")?;
         let k = tensor_view::<T>(k.0, k.1, "paged_attention k cache")?;
         let v = tensor_view::<T>(v.0, v.1, "paged_attention v cache")?;
@@ -375,8 +391,8 @@ impl AttentionShape {
             builder.arg(n);
         }
         builder.arg(&scale);
-        // SAFETY: the arguments match `paged_attention_<dtype>` (kernels/README.md). The metadata
-        // was validated against the cache (`meta.validate`), so every block id a row reads is
+        // SAFETY: the arguments match `paged_attention_<dtype>` (kernels/README.md). The plan's
+        // metadata was validated against this cache (`PagedAttentionPlan::new`), so every block id a row reads is
         // inside the caches and every position is inside its block table; `out` holds
         // `[rows, heads, head_dim]` and, with several partitions, the partial buffers hold
         // `[rows, heads, partitions(, head_dim)]`; with one partition they are null and unused.
@@ -409,7 +425,7 @@ impl Partials {
         &self,
         dev: &CudaDevice,
         out: &mut CudaSlice<f32>,
-        row_pos: &CudaSlice<u32>,
+        row_pos: &CudaView<'_, u32>,
         shape: &AttentionShape,
         num_partitions: usize,
     ) -> Result<()> {

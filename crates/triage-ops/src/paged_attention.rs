@@ -306,12 +306,67 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
 /// products instead of the per-row kernel (which wins for decode, where each row is one token).
 pub const GATHER_MIN_QUERIES: usize = 16;
 
+/// One step's [`PagedAttentionMetadata`], validated once against the cache and, on a GPU,
+/// uploaded once (block tables, each query row's sequence and position): every layer of the
+/// step attends through the same plan instead of copying its metadata again.
+#[derive(Debug, Clone)]
+pub struct PagedAttentionPlan {
+    meta: PagedAttentionMetadata,
+    num_blocks: usize,
+    num_tokens: usize,
+    device_rows: Option<DeviceRows>,
+}
+
+/// [`KernelRows`] as `u32` tensors on the device (what the CUDA kernel reads).
+#[derive(Debug, Clone)]
+pub struct DeviceRows {
+    pub block_tables: Tensor,
+    pub row_seq: Tensor,
+    pub row_pos: Tensor,
+    pub max_blocks_per_seq: usize,
+    pub max_context_len: usize,
+}
+
+impl PagedAttentionPlan {
+    /// Validates `meta` for a cache of `num_blocks` blocks; on a CUDA `device` also uploads its
+    /// kernel rows (one host-to-device copy per step).
+    pub fn new(meta: PagedAttentionMetadata, num_blocks: usize, device: &Device) -> Result<Self> {
+        let num_tokens = meta.query_lens.iter().sum();
+        meta.validate(num_tokens, num_blocks)?;
+        let device_rows = if device.is_cuda() {
+            let rows = meta.kernel_rows();
+            Some(DeviceRows {
+                block_tables: Tensor::new(rows.block_tables.as_slice(), device)?,
+                row_seq: Tensor::new(rows.row_seq.as_slice(), device)?,
+                row_pos: Tensor::new(rows.row_pos.as_slice(), device)?,
+                max_blocks_per_seq: rows.max_blocks_per_seq,
+                max_context_len: rows.max_context_len,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            meta,
+            num_blocks,
+            num_tokens,
+            device_rows,
+        })
+    }
+
+    pub fn metadata(&self) -> &PagedAttentionMetadata {
+        &self.meta
+    }
+
+    /// The uploaded kernel rows (a plan made for a CUDA device only).
+    pub fn device_rows(&self) -> Option<&DeviceRows> {
+        self.device_rows.as_ref()
+    }
+}
+
 /// Causal attention of `q` (`[num_tokens, num_heads, head_dim]`) over paged `k_cache`/`v_cache`
-/// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Sequences
-/// with few queries (decode) run in one loop parallel over (token, head), each row reading its
-/// keys through the block table (scores, then one exp per key, then the values); long query runs
-/// (prefill) gather their K/V and use chunked matrix products. CUDA tensors (caches in f32, f16
-/// or bf16) run the kernels of `kernels/paged_attention.cu` ([`crate::cuda::paged_attention_cuda`]).
+/// (already holding this step's K/V). Returns `[num_tokens, num_heads, head_dim]` f32. Makes a
+/// one-off [`PagedAttentionPlan`]; a forward pass over many layers makes one per step and calls
+/// [`paged_attention_planned`].
 pub fn paged_attention(
     q: &Tensor,
     k_cache: &Tensor,
@@ -319,9 +374,39 @@ pub fn paged_attention(
     meta: &PagedAttentionMetadata,
 ) -> Result<Tensor> {
     check_inputs(q, k_cache, v_cache, meta)?;
-    if q.device().is_cuda() {
-        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, meta);
+    let plan = PagedAttentionPlan::new(meta.clone(), k_cache.dim(0)?, q.device())?;
+    paged_attention_planned(q, k_cache, v_cache, &plan)
+}
+
+/// [`paged_attention`] through a plan made for this cache. Sequences with few queries (decode)
+/// run in one loop parallel over (token, head), each row reading its keys through the block
+/// table (scores, then one exp per key, then the values); long query runs (prefill) gather their
+/// K/V and use chunked matrix products. CUDA tensors (caches in f32, f16 or bf16) run the kernels
+/// of `kernels/paged_attention.cu` ([`crate::cuda::paged_attention_cuda`]) on the plan's
+/// uploaded rows.
+pub fn paged_attention_planned(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    plan: &PagedAttentionPlan,
+) -> Result<Tensor> {
+    check_shapes(q, k_cache, v_cache, plan.meta.block_size)?;
+    if k_cache.dim(0)? != plan.num_blocks || q.dim(0)? != plan.num_tokens {
+        return Err(OpsError::InvalidArgument(format!(
+            "a plan for {} rows over {} blocks used for {} rows over {}",
+            plan.num_tokens,
+            plan.num_blocks,
+            q.dim(0)?,
+            k_cache.dim(0)?
+        )));
     }
+    if q.device().is_cuda() {
+        let rows = plan.device_rows.as_ref().ok_or_else(|| {
+            OpsError::InvalidArgument("paged_attention: a CPU plan for CUDA tensors".into())
+        })?;
+        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
+    }
+    let meta = &plan.meta;
     if meta.query_lens.iter().all(|&n| n < GATHER_MIN_QUERIES) {
         return paged_attention_rows(q, k_cache, v_cache, meta);
     }
@@ -347,18 +432,24 @@ pub fn paged_attention(
 }
 
 /// Shapes, dtypes and devices of the query and caches agree with each other and with the
-/// metadata; block ids lie inside the cache. Shared by the CPU and CUDA forms.
+/// metadata; block ids lie inside the cache.
 pub(crate) fn check_inputs(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     meta: &PagedAttentionMetadata,
 ) -> Result<()> {
-    let (num_tokens, num_heads, head_dim) = q.dims3()?;
-    let (_, block_size, kv_heads, kd) = k_cache.dims4()?;
+    check_shapes(q, k_cache, v_cache, meta.block_size)?;
+    meta.validate(q.dim(0)?, k_cache.dim(0)?)
+}
+
+/// Shapes, dtypes and devices of the query and caches agree with each other and the block size.
+fn check_shapes(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, block_size: usize) -> Result<()> {
+    let (_, num_heads, head_dim) = q.dims3()?;
+    let (_, cache_block_size, kv_heads, kd) = k_cache.dims4()?;
     let same_device = |t: &Tensor| t.device().same_device(q.device());
     if kd != head_dim
-        || block_size != meta.block_size
+        || cache_block_size != block_size
         || kv_heads == 0
         || num_heads % kv_heads != 0
         || v_cache.dims() != k_cache.dims()
@@ -373,7 +464,7 @@ pub(crate) fn check_inputs(
             v_cache.dims()
         )));
     }
-    meta.validate(num_tokens, k_cache.dim(0)?)
+    Ok(())
 }
 
 /// One sequence: gather its K/V through the block table, then dense causal attention.

@@ -5,8 +5,8 @@ use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use triage_ops::paged_attention::{
-    paged_attention, paged_attention_slow, reshape_and_cache, reshape_and_cache_slow, slot_of,
-    PagedAttentionMetadata,
+    paged_attention, paged_attention_planned, paged_attention_slow, reshape_and_cache,
+    reshape_and_cache_slow, slot_of, PagedAttentionMetadata, PagedAttentionPlan,
 };
 
 const BLOCK_SIZE: usize = 4;
@@ -167,6 +167,37 @@ fn inconsistent_metadata_is_an_error() {
     let empty = Tensor::zeros((blocks, block_size, 0, head_dim), DType::F32, &Device::Cpu).unwrap();
     assert!(paged_attention(&q, &empty, &empty, &meta).is_err());
     assert!(paged_attention(&q, &k, &v.to_dtype(DType::F16).unwrap(), &meta).is_err());
+}
+
+/// A forward pass makes one plan per step and attends through it in every layer: each layer's
+/// result is the one-off call's, and a plan is refused for a cache or a query it was not made for.
+#[test]
+fn one_plan_serves_every_layer_of_a_step() {
+    let (q, k, v, meta) = scenario_with(11, vec![40, 6, 9], vec![20, 6, 1]);
+    let plan = PagedAttentionPlan::new(meta.clone(), NUM_BLOCKS, &Device::Cpu).unwrap();
+    assert!(plan.device_rows().is_none(), "a CPU plan uploads nothing");
+    let once = paged_attention(&q, &k, &v, &meta).unwrap();
+    for _layer in 0..3 {
+        let planned = paged_attention_planned(&q, &k, &v, &plan).unwrap();
+        let diff = (&planned - &once)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0);
+    }
+    let fewer_blocks = k.narrow(0, 0, NUM_BLOCKS - 1).unwrap();
+    assert!(paged_attention_planned(&q, &fewer_blocks, &fewer_blocks, &plan).is_err());
+    let fewer_rows = q.narrow(0, 0, 10).unwrap();
+    assert!(paged_attention_planned(&fewer_rows, &k, &v, &plan).is_err());
+    let mut bad = meta;
+    bad.block_tables[2][0] = NUM_BLOCKS as u32;
+    assert!(PagedAttentionPlan::new(bad, NUM_BLOCKS, &Device::Cpu).is_err());
 }
 
 /// The CUDA forms against the CPU forms (which the tests above hold to the references): the

@@ -77,12 +77,12 @@ impl FromStr for KvBudget {
     }
 }
 
-/// Memory the KV cache could take on `device` now: `MemAvailable` on CPU (Linux).
+/// Memory the KV cache could take on `device` now: the free device memory on a GPU (after the
+/// weights were loaded, as vLLM measures it), `MemAvailable` on CPU (Linux).
 fn available_bytes(device: &Device) -> Result<u64> {
     if !device.is_cpu() {
-        return Err(EngineError::Invalid(
-            "fraction KV budgets are measured on CPU only for now; give MiB for a GPU".into(),
-        ));
+        let (free, _total) = triage_ops::cuda::memory_info(device)?;
+        return Ok(free as u64);
     }
     let text = std::fs::read_to_string("/proc/meminfo")
         .map_err(|e| EngineError::Invalid(format!("fraction KV budget: /proc/meminfo: {e}")))?;
