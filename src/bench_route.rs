@@ -30,6 +30,8 @@ pub struct RouteBenchConfig {
     pub save_combined: Option<std::path::PathBuf>,
     /// Write one JSON line per question (answers, scores, decision records) here.
     pub rows: Option<std::path::PathBuf>,
+    /// Where the models run.
+    pub device: triage_models::device::DeviceSpec,
 }
 
 /// One path's totals.
@@ -221,6 +223,7 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
     triage_config.models.base = config.base.clone();
     triage_config.models.long_context = config.long_context.clone();
     triage_config.models.kv_budget = "4096blocks".into();
+    triage_config.models.device = config.device;
     let tau = config.tau.unwrap_or(triage_config.routing.monitor.tau);
     let store_dir = tempfile::tempdir().context("creating a scratch corpus store")?;
     let mut engine = Engine::new(triage_config)?.with_store(store_dir.path());

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use triage_engine::llm_engine::{EngineConfig, KvBudget};
 use triage_engine::EngineSet;
+use triage_models::device::{parse_kv_dtype, DeviceSpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 use triage_retrieval::{BertEmbedder, Corpus, CorpusStore, Embedder};
@@ -80,6 +81,11 @@ pub struct ModelsConfig {
     pub embedder: String,
     /// KV-cache budget of each model (`"1GiB"`, `"4096blocks"`, `"0.3"`).
     pub kv_budget: String,
+    /// Where the models run: `"cpu"`, `"cuda"` or `"cuda:N"`; the router, base and
+    /// long-context models share one process and this one device.
+    pub device: DeviceSpec,
+    /// KV-cache dtype (`"bf16"`, `"f16"`, `"f32"`); default bf16 on a GPU, f32 on the CPU.
+    pub kv_dtype: Option<String>,
 }
 
 impl Default for ModelsConfig {
@@ -90,6 +96,8 @@ impl Default for ModelsConfig {
             long_context: "qwen2.5-coder-1.5b".into(),
             embedder: crate::retrieve::DEFAULT_EMBEDDER.into(),
             kv_budget: "1GiB".into(),
+            device: DeviceSpec::Cpu,
+            kv_dtype: None,
         }
     }
 }
@@ -116,6 +124,7 @@ impl TriageConfig {
         path: Option<&Path>,
         base: Option<&str>,
         long_context: Option<&str>,
+        device: Option<DeviceSpec>,
     ) -> Result<Self> {
         let mut config = match path {
             Some(path) => Self::from_file(path)?,
@@ -126,6 +135,9 @@ impl TriageConfig {
         }
         if let Some(lc) = long_context {
             config.models.long_context = lc.to_string();
+        }
+        if let Some(device) = device {
+            config.models.device = device;
         }
         Ok(config)
     }
@@ -176,9 +188,10 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-fn load_model(name_or_path: &str) -> Result<Arc<Model>> {
+fn load_model(name_or_path: &str, device: DeviceSpec) -> Result<Arc<Model>> {
     let (name, path) = crate::resolve::resolve_model(name_or_path).map_err(load_error)?;
-    let model = Model::load(&name, &path, &LoadOptions::default())
+    let opts = LoadOptions::for_device(device).map_err(load_error)?;
+    let model = Model::load(&name, &path, &opts)
         .map_err(|e| Error::Load(format!("{}: {e}", path.display())))?;
     Ok(Arc::new(model))
 }
@@ -188,8 +201,13 @@ impl Engine {
     pub fn new(config: TriageConfig) -> Result<Self> {
         let pipeline = Pipeline::new(config.routing.clone())?;
         let kv_budget: KvBudget = config.models.kv_budget.parse()?;
+        let kv_dtype = match &config.models.kv_dtype {
+            Some(name) => Some(parse_kv_dtype(name).map_err(|e| Error::Config(e.to_string()))?),
+            None => None,
+        };
         let engine_config = EngineConfig {
             kv_budget,
+            kv_dtype,
             ..EngineConfig::default()
         };
         let mut set = EngineSet::new();
@@ -208,7 +226,7 @@ impl Engine {
                 continue;
             }
             if set.get(name).is_none() {
-                set.add(name, load_model(name)?, engine_config)?;
+                set.add(name, load_model(name, config.models.device)?, engine_config)?;
             }
             assigned.push((role, name.clone()));
         }

@@ -27,7 +27,7 @@ pub use triage_engine::EngineError;
 pub use triage_models::chat_template::ChatMessage;
 pub use triage_models::model::Model;
 pub use triage_models::transformer::LoadOptions;
-pub use triage_models::ModelError;
+pub use triage_models::{DeviceSpec, ModelError};
 pub use triage_ops::{logits_reduce, LogitsStats};
 pub use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath, RoutingConfig};
 

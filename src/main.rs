@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
+use triage::DeviceSpec;
 use triage::{
     catalog, fetch, resolve, ChatMessage, EntropySettings, GenerateRequest, LoadOptions, Model,
     Prompt, SamplingParams,
@@ -65,6 +66,9 @@ struct EngineArgs {
     /// Long-context model (name or path) instead of the config's.
     #[arg(long)]
     long_context: Option<String>,
+    /// Run the models on `cpu`, `cuda` or `cuda:N` instead of the config's `device`.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
 }
 
 impl EngineArgs {
@@ -73,6 +77,7 @@ impl EngineArgs {
             self.config.as_deref(),
             self.base.as_deref(),
             self.long_context.as_deref(),
+            self.device,
         )?)
     }
 }
@@ -159,6 +164,9 @@ struct ServeArgs {
     /// Serve this model (name or path) instead of the config's list; repeatable.
     #[arg(long = "model")]
     models: Vec<String>,
+    /// Run every model on `cpu`, `cuda` or `cuda:N` instead of each entry's `device`.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
 }
 
 #[derive(clap::Args)]
@@ -293,6 +301,9 @@ enum BenchCommand {
         question_tokens: usize,
         #[arg(long)]
         json: bool,
+        /// `cpu`, `cuda` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceSpec,
     },
     /// Aggregate decode tokens/s at each concurrency.
     Decode {
@@ -305,6 +316,9 @@ enum BenchCommand {
         decode_tokens: usize,
         #[arg(long)]
         json: bool,
+        /// `cpu`, `cuda` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceSpec,
     },
     /// Retrieval quality of every mode on a QA data set (needs `models fetch --data`), with
     /// ingestion throughput and hybrid query latency.
@@ -351,6 +365,9 @@ enum BenchCommand {
         rows: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
+        /// `cpu`, `cuda` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceSpec,
     },
 }
 
@@ -394,6 +411,9 @@ struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens (for benchmarks).
     #[arg(long)]
     ignore_eos: bool,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
 }
 
 /// `TRIAGE_Q8_KERNEL` picks the int8 kernel for benchmarks; a name this CPU cannot run is an
@@ -443,6 +463,7 @@ fn run(cli: Cli) -> Result<()> {
                 port: args.port,
                 api_key: args.api_key,
                 models: args.models,
+                device: args.device,
             })
         }
         Command::Ingest(args) => ingest(args),
@@ -724,9 +745,9 @@ fn init_logging() {
         .init();
 }
 
-fn load(name_or_path: &str) -> Result<std::sync::Arc<Model>> {
+fn load(name_or_path: &str, device: DeviceSpec) -> Result<std::sync::Arc<Model>> {
     let (name, path) = resolve::resolve_model(name_or_path)?;
-    let model = Model::load(&name, &path, &LoadOptions::default())
+    let model = Model::load(&name, &path, &LoadOptions::for_device(device)?)
         .with_context(|| format!("loading model {}", path.display()))?;
     Ok(std::sync::Arc::new(model))
 }
@@ -738,8 +759,9 @@ fn bench(command: BenchCommand) -> Result<()> {
             prefix_tokens,
             question_tokens,
             json,
+            device,
         } => {
-            let r = triage::bench::prefix(&load(&model)?, prefix_tokens, question_tokens)?;
+            let r = triage::bench::prefix(&load(&model, device)?, prefix_tokens, question_tokens)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -754,11 +776,13 @@ fn bench(command: BenchCommand) -> Result<()> {
             concurrency,
             decode_tokens,
             json,
+            device,
         } => {
             if concurrency.is_empty() || concurrency.contains(&0) {
                 anyhow::bail!("--concurrency takes positive integers, e.g. 1,4,16");
             }
-            let results = triage::bench::decode(&load(&model)?, &concurrency, 32, decode_tokens)?;
+            let results =
+                triage::bench::decode(&load(&model, device)?, &concurrency, 32, decode_tokens)?;
             if json {
                 println!("{}", json!({ "results": results }));
             } else {
@@ -805,6 +829,7 @@ fn bench(command: BenchCommand) -> Result<()> {
             save_combined,
             rows,
             json,
+            device,
         } => {
             if questions == 0 || paragraphs == 0 || per_article == 0 {
                 anyhow::bail!("--questions, --paragraphs and --per-article must be at least 1");
@@ -818,6 +843,7 @@ fn bench(command: BenchCommand) -> Result<()> {
                 tau,
                 save_combined,
                 rows,
+                device,
             };
             let r = triage::bench_route::run(&config)?;
             if json {
@@ -891,9 +917,7 @@ fn models_list() -> Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
-    let (name, path) = resolve::resolve_model(&args.model)?;
-    let model = Model::load(&name, &path, &LoadOptions::default())
-        .with_context(|| format!("loading model {}", path.display()))?;
+    let model = load(&args.model, args.device)?;
     let prompt = match (args.prompt, args.chat) {
         (Some(text), _) => Prompt::Text(text),
         (None, Some(chat)) => Prompt::Chat(vec![ChatMessage::user(chat)]),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use triage_models::device::DeviceSpec;
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 use triage_server::routing::RoutingService;
@@ -21,6 +22,8 @@ pub struct ServeOverrides {
     pub api_key: Option<String>,
     /// Serve these models (names or paths) instead of the config's list.
     pub models: Vec<String>,
+    /// Run every model on this device instead of each entry's `device`.
+    pub device: Option<DeviceSpec>,
 }
 
 /// The config file (or the defaults) with the command line's overrides applied.
@@ -48,6 +51,9 @@ pub fn server_config(o: ServeOverrides) -> Result<ServerConfig> {
             })
             .collect();
     }
+    if let Some(device) = o.device {
+        config.models.iter_mut().for_each(|m| m.device = device);
+    }
     config.validate()?;
     Ok(config)
 }
@@ -58,8 +64,9 @@ pub fn start_workers(config: &ServerConfig) -> Result<Vec<EngineWorker>> {
     for entry in &config.models {
         let spec = entry.path.as_deref().unwrap_or(&entry.name);
         let (_, path) = resolve::resolve_model(spec)?;
-        tracing::info!(model = %entry.name, path = %path.display(), role = %entry.role, "loading");
-        let model = Model::load(&entry.name, &path, &LoadOptions::default())
+        tracing::info!(model = %entry.name, path = %path.display(), role = %entry.role, device = %entry.device, "loading");
+        let opts = LoadOptions::for_device(entry.device)?;
+        let model = Model::load(&entry.name, &path, &opts)
             .with_context(|| format!("loading model {}", path.display()))?;
         let worker = EngineWorker::spawn(
             &entry.name,

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 use triage_engine::llm_engine::{EngineConfig, KvBudget};
+use triage_models::device::{parse_kv_dtype, DeviceSpec};
 
 use crate::{Result, ServerError};
 
@@ -29,6 +30,12 @@ pub struct ModelEntry {
     pub max_num_seqs: usize,
     #[serde(default = "default_max_num_batched_tokens")]
     pub max_num_batched_tokens: usize,
+    /// Where the model runs: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// KV-cache dtype: `"bf16"`, `"f16"` or `"f32"`; default bf16 on a GPU, f32 on the CPU.
+    #[serde(default)]
+    pub kv_dtype: Option<String>,
 }
 
 fn default_role() -> String {
@@ -58,6 +65,8 @@ impl ModelEntry {
             block_size: default_block_size(),
             max_num_seqs: default_max_num_seqs(),
             max_num_batched_tokens: default_max_num_batched_tokens(),
+            device: DeviceSpec::Cpu,
+            kv_dtype: None,
         }
     }
 
@@ -73,12 +82,20 @@ impl ModelEntry {
                 self.name
             )));
         }
+        let kv_dtype = match &self.kv_dtype {
+            Some(name) => Some(
+                parse_kv_dtype(name)
+                    .map_err(|e| ServerError::Config(format!("model {:?}: {e}", self.name)))?,
+            ),
+            None => None,
+        };
         Ok(EngineConfig {
             kv_budget,
             block_size: self.block_size,
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             prefix_caching: true,
+            kv_dtype,
         })
     }
 }
