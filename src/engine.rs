@@ -189,8 +189,9 @@ impl std::fmt::Debug for Engine {
 }
 
 fn load_model(name_or_path: &str, device: DeviceSpec) -> Result<Arc<Model>> {
-    let (name, path) = crate::resolve::resolve_model(name_or_path).map_err(load_error)?;
+    // The device first: a missing GPU (or a CPU-only build) is the error to report, not the file.
     let opts = LoadOptions::for_device(device).map_err(load_error)?;
+    let (name, path) = crate::resolve::resolve_model(name_or_path).map_err(load_error)?;
     let model = Model::load(&name, &path, &opts)
         .map_err(|e| Error::Load(format!("{}: {e}", path.display())))?;
     Ok(Arc::new(model))
@@ -445,5 +446,25 @@ completion = 9.0
         }
         assert!(TriageConfig::from_toml_str("[routing]\nclassifier = \"psychic\"\n").is_err());
         assert!(TriageConfig::from_toml_str("[models]\nbase = 3\n").is_err());
+    }
+
+    #[test]
+    fn models_take_a_device_and_a_kv_dtype() {
+        let c = TriageConfig::from_toml_str("[models]\ndevice = \"cuda:1\"\nkv_dtype = \"f32\"\n")
+            .unwrap();
+        assert_eq!(c.models.device, DeviceSpec::Cuda(1));
+        assert_eq!(c.models.kv_dtype.as_deref(), Some("f32"));
+        assert_eq!(TriageConfig::default().models.device, DeviceSpec::Cpu);
+        let err = TriageConfig::from_toml_str("[models]\ndevice = \"tpu\"\n").unwrap_err();
+        assert!(err.to_string().contains("cuda:N"), "{err}");
+        // A CPU build refuses a GPU when the engine starts, before it loads anything.
+        #[cfg(not(feature = "cuda"))]
+        {
+            let mut config = TriageConfig::default();
+            config.models.device = DeviceSpec::Cuda(0);
+            config.models.base = "/nonexistent/base.gguf".into();
+            let err = Engine::new(config).unwrap_err().to_string();
+            assert!(err.contains("without the `cuda` feature"), "{err}");
+        }
     }
 }

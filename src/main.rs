@@ -746,8 +746,9 @@ fn init_logging() {
 }
 
 fn load(name_or_path: &str, device: DeviceSpec) -> Result<std::sync::Arc<Model>> {
+    let opts = LoadOptions::for_device(device)?;
     let (name, path) = resolve::resolve_model(name_or_path)?;
-    let model = Model::load(&name, &path, &LoadOptions::for_device(device)?)
+    let model = Model::load(&name, &path, &opts)
         .with_context(|| format!("loading model {}", path.display()))?;
     Ok(std::sync::Arc::new(model))
 }

@@ -62,10 +62,10 @@ pub fn server_config(o: ServeOverrides) -> Result<ServerConfig> {
 pub fn start_workers(config: &ServerConfig) -> Result<Vec<EngineWorker>> {
     let mut workers = Vec::with_capacity(config.models.len());
     for entry in &config.models {
+        let opts = LoadOptions::for_device(entry.device)?;
         let spec = entry.path.as_deref().unwrap_or(&entry.name);
         let (_, path) = resolve::resolve_model(spec)?;
         tracing::info!(model = %entry.name, path = %path.display(), role = %entry.role, device = %entry.device, "loading");
-        let opts = LoadOptions::for_device(entry.device)?;
         let model = Model::load(&entry.name, &path, &opts)
             .with_context(|| format!("loading model {}", path.display()))?;
         let worker = EngineWorker::spawn(

@@ -374,6 +374,38 @@ fn serve_refuses_bad_configs_clearly() {
     assert_clean_failure(&out, "/nonexistent/model.gguf");
 }
 
+/// A binary built without the `cuda` feature (the one CI tests) refuses a GPU by name on every
+/// command that takes `--device`, and a malformed device is a usage error; none panics.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_cpu_build_asked_for_cuda_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!("port = 0\n[[models]]\nname = \"tiny\"\npath = {model:?}\ndevice = \"cuda:0\"\n"),
+    )
+    .unwrap();
+    let without = "without the `cuda` feature";
+    for args in [
+        vec![
+            "generate", "--model", &model, "--prompt", "hi", "--device", "cuda",
+        ],
+        vec!["bench", "decode", "--model", &model, "--device", "cuda:1"],
+        vec!["serve", "--config", config.to_str().unwrap()],
+        vec![
+            "serve", "--model", &model, "--port", "0", "--device", "cuda",
+        ],
+    ] {
+        assert_clean_failure(&triage(&args), without);
+    }
+    let out = triage(&[
+        "generate", "--model", &model, "--prompt", "hi", "--device", "gpu",
+    ]);
+    assert_clean_failure(&out, "expected \"cpu\", \"cuda\" or \"cuda:N\"");
+}
+
 fn triage_home(home: &std::path::Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_triage"))
         .args(args)

@@ -21,6 +21,9 @@ pub struct TinySpec {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub context_length: usize,
+    /// Rows of the embedding (and LM head): [`TINY_VOCAB`], or more for a real model's shape (the
+    /// tokenizer still knows only the tiny vocabulary; ids past it decode to nothing).
+    pub vocab_size: usize,
     pub seed: u64,
 }
 
@@ -35,8 +38,30 @@ impl TinySpec {
             num_heads: 4,
             num_kv_heads: 2,
             context_length: 512,
+            vocab_size: TINY_VOCAB,
             seed: 7,
         }
+    }
+
+    /// A real model's shape with random weights, for GPU checks where no real weights can
+    /// travel: `qwen2.5-0.5b` or `qwen2.5-1.5b` (their `config.json` sizes, 32k context).
+    pub fn real_shape(name: &str) -> Option<Self> {
+        let (hidden_size, intermediate_size, num_layers, num_heads) = match name {
+            "qwen2.5-0.5b" => (896, 4864, 24, 14),
+            "qwen2.5-1.5b" => (1536, 8960, 28, 12),
+            _ => return None,
+        };
+        Some(Self {
+            arch: Architecture::Qwen2,
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            num_heads,
+            num_kv_heads: 2,
+            context_length: 32_768,
+            vocab_size: 151_936,
+            seed: 7,
+        })
     }
 
     fn head_dim(&self) -> usize {
@@ -176,24 +201,28 @@ pub fn tiny_weights(spec: &TinySpec) -> Result<Vec<(String, Tensor)>> {
         Ok(Tensor::from_vec(values, shape, dev)?)
     };
     let norm = |n: usize| -> Result<Tensor> { Ok((randn(&[n], 0.1)? + 1.0)?) };
+    // Projections keep the tiny model's output scale at any width (1 at hidden size 64), so a
+    // real-shaped model's activations stay in range through its layers.
+    let scale = (64.0 / h as f64).sqrt();
+    let matrix = |shape: &[usize], std: f64| randn(shape, std * scale);
     let mut w = vec![(
         "token_embd.weight".to_string(),
-        randn(&[TINY_VOCAB, h], 1.0)?,
+        randn(&[spec.vocab_size, h], 1.0)?,
     )];
     for l in 0..spec.num_layers {
         let p = format!("blk.{l}");
         w.push((format!("{p}.attn_norm.weight"), norm(h)?));
         w.push((
             format!("{p}.attn_q.weight"),
-            randn(&[spec.num_heads * d, h], 0.2)?,
+            matrix(&[spec.num_heads * d, h], 0.2)?,
         ));
         w.push((
             format!("{p}.attn_k.weight"),
-            randn(&[spec.num_kv_heads * d, h], 0.2)?,
+            matrix(&[spec.num_kv_heads * d, h], 0.2)?,
         ));
         w.push((
             format!("{p}.attn_v.weight"),
-            randn(&[spec.num_kv_heads * d, h], 0.2)?,
+            matrix(&[spec.num_kv_heads * d, h], 0.2)?,
         ));
         if spec.arch == Architecture::Qwen2 {
             w.push((
@@ -211,16 +240,19 @@ pub fn tiny_weights(spec: &TinySpec) -> Result<Vec<(String, Tensor)>> {
         }
         w.push((
             format!("{p}.attn_output.weight"),
-            randn(&[h, spec.num_heads * d], 0.2)?,
+            matrix(&[h, spec.num_heads * d], 0.2)?,
         ));
         w.push((format!("{p}.ffn_norm.weight"), norm(h)?));
-        w.push((format!("{p}.ffn_gate.weight"), randn(&[i, h], 0.2)?));
-        w.push((format!("{p}.ffn_up.weight"), randn(&[i, h], 0.2)?));
-        w.push((format!("{p}.ffn_down.weight"), randn(&[h, i], 0.15)?));
+        w.push((format!("{p}.ffn_gate.weight"), matrix(&[i, h], 0.2)?));
+        w.push((format!("{p}.ffn_up.weight"), matrix(&[i, h], 0.2)?));
+        w.push((format!("{p}.ffn_down.weight"), matrix(&[h, i], 0.15)?));
     }
     w.push(("output_norm.weight".to_string(), norm(h)?));
     if !spec.tied() {
-        w.push(("output.weight".to_string(), randn(&[TINY_VOCAB, h], 0.3)?));
+        w.push((
+            "output.weight".to_string(),
+            matrix(&[spec.vocab_size, h], 0.3)?,
+        ));
     }
     Ok(w)
 }
@@ -297,7 +329,7 @@ pub fn write_tiny_safetensors(dir: &Path, spec: &TinySpec, dtype: DType) -> Resu
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
     let config = serde_json::json!({
         "model_type": spec.arch.name(),
-        "vocab_size": TINY_VOCAB,
+        "vocab_size": spec.vocab_size,
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
         "num_hidden_layers": spec.num_layers,

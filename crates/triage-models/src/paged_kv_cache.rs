@@ -37,9 +37,18 @@ impl PagedKvCache {
         let shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim);
         let mut k = Vec::with_capacity(config.num_layers);
         let mut v = Vec::with_capacity(config.num_layers);
+        // Made in `dtype` directly: an f32 tensor first would briefly take twice a bf16 budget.
+        let filled = || -> Result<Tensor> {
+            let zeros = Tensor::zeros(shape, dtype, device)?;
+            Ok(if fill == 0.0 {
+                zeros
+            } else {
+                zeros.affine(1.0, f64::from(fill))?
+            })
+        };
         for _ in 0..config.num_layers {
-            k.push(Tensor::full(fill, shape, device)?.to_dtype(dtype)?);
-            v.push(Tensor::full(fill, shape, device)?.to_dtype(dtype)?);
+            k.push(filled()?);
+            v.push(filled()?);
         }
         Ok(Self { k, v, block_size })
     }

@@ -1,0 +1,271 @@
+//! The engine on a CUDA device against the same engine on the CPU: GGUF block types through
+//! candle's CUDA quantized matmul, the paged engine's greedy tokens (f32 layout exact; the bf16
+//! GPU layout runs clean), a prefix persisted from device blocks and loaded back into a fresh
+//! engine, and the entropy-window kernel against `EntropyMonitor`. Built only with the `cuda` feature and run by `scripts/device-check` on a GPU.
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::{DType, Device, Tensor};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
+use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
+use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent};
+use triage_engine::sampler::SamplingParams;
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_models::DeviceSpec;
+use triage_ops::cuda::entropy_window_cuda;
+use triage_ops::entropy_window::{
+    EntropyWindowParams, DECISION_ACCEPT, DECISION_CONTINUE, DECISION_ESCALATE,
+};
+use triage_ops::{logits_reduce_packed, LogitsStats};
+
+fn gpu() -> Device {
+    DeviceSpec::Cuda(0)
+        .open()
+        .expect("these tests need a CUDA device")
+}
+
+/// The tiny model (F32 GGUF) with `opts`, and the folder that holds it.
+fn tiny(opts: &LoadOptions) -> (tempfile::TempDir, Arc<Model>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::F32).unwrap();
+    let model = Model::load("tiny", &path, opts).unwrap();
+    (dir, Arc::new(model))
+}
+
+/// f32 matrices on the GPU: the same arithmetic as the CPU up to summation order.
+fn f32_on_gpu() -> LoadOptions {
+    LoadOptions {
+        device: gpu(),
+        dense_prefill: false,
+        dense_dtype: DType::F32,
+    }
+}
+
+fn request(i: usize, prefix: &[u32]) -> GenerateRequest {
+    let mut ids = prefix.to_vec();
+    ids.extend((0..3 + i as u32).map(|t| 20 + 7 * t));
+    GenerateRequest {
+        prompt: Prompt::Tokens(ids),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(12),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        entropy: EntropySettings::default(),
+    }
+}
+
+fn config(kv_dtype: Option<DType>) -> EngineConfig {
+    EngineConfig {
+        kv_budget: KvBudget::Blocks(96),
+        block_size: 4,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+        kv_dtype,
+        ..EngineConfig::default()
+    }
+}
+
+/// Every request's token ids, run concurrently to the end; all blocks are free afterwards.
+fn run(engine: &mut LlmEngine, requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = requests
+        .iter()
+        .map(|r| engine.add_request(r).unwrap().1)
+        .collect();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let pool = engine.scheduler().kv().pool();
+    assert_eq!(pool.num_free() + pool.num_used(), pool.num_total());
+    rxs.into_iter()
+        .map(|rx| {
+            rx.try_iter()
+                .filter_map(|ev| match ev {
+                    StreamEvent::Token(t, _) => Some(t.id),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Logits of every row of `tokens` through the contiguous cache.
+fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let t = &model.transformer;
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let rows: Vec<usize> = (0..tokens.len()).collect();
+    let mut cache = triage_models::attention::ContiguousKvCache::new(t.config().num_layers);
+    t.forward(tokens, &positions, &rows, &mut cache)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn gguf_block_types_run_through_the_gpus_quantized_matmul() {
+    // Inner dimensions of 256 so that the K-quants apply; the GPU quantizes activations its own
+    // way (q8_1) where the CPU uses q8_0 or f32, so the logits agree to a few per cent of their
+    // scale, and their argmax almost everywhere.
+    let spec = TinySpec {
+        hidden_size: 256,
+        intermediate_size: 512,
+        ..TinySpec::new(Architecture::Qwen2)
+    };
+    let tokens: Vec<u32> = (0..24).map(|t| (t * 37 % 250) as u32).collect();
+    for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        write_tiny_gguf(&path, &spec, dtype).unwrap();
+        let cpu_opts = LoadOptions {
+            dense_prefill: false,
+            ..LoadOptions::default()
+        };
+        let cpu = all_logits(&Model::load("m", &path, &cpu_opts).unwrap(), &tokens);
+        let gpu_opts = LoadOptions::for_device(DeviceSpec::Cuda(0)).unwrap();
+        let gpu = all_logits(&Model::load("m", &path, &gpu_opts).unwrap(), &tokens);
+        let scale = cpu.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = cpu
+            .iter()
+            .flatten()
+            .zip(gpu.iter().flatten())
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            diff < 0.06 * scale,
+            "{dtype:?}: max abs diff {diff} at scale {scale}"
+        );
+        let argmax = |row: &Vec<f32>| {
+            (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
+        };
+        let agree = cpu
+            .iter()
+            .zip(&gpu)
+            .filter(|(a, b)| argmax(a) == argmax(b))
+            .count();
+        assert!(
+            agree * 10 >= tokens.len() * 9,
+            "{dtype:?}: argmax agrees on {agree}/24"
+        );
+    }
+}
+
+#[test]
+fn the_paged_engine_on_the_gpu_gives_the_cpu_tokens() {
+    let requests: Vec<_> = (0..5)
+        .map(|i| request(i, &[1, 2, 3, 4, 5, 6, 7, 8]))
+        .collect();
+    let (_d, cpu_model) = tiny(&LoadOptions::default());
+    let expected = run(
+        &mut LlmEngine::new(cpu_model, config(None)).unwrap(),
+        &requests,
+    );
+    let (_d, gpu_model) = tiny(&f32_on_gpu());
+    let got = run(
+        &mut LlmEngine::new(gpu_model, config(Some(DType::F32))).unwrap(),
+        &requests,
+    );
+    assert_eq!(got, expected, "f32 weights and an f32 KV cache on the GPU");
+    // The GPU's own layout (bf16 matrices, bf16 KV): every request runs to its length.
+    let (_d, bf16_model) = tiny(&LoadOptions::for_device(DeviceSpec::Cuda(0)).unwrap());
+    let got = run(
+        &mut LlmEngine::new(bf16_model, config(None)).unwrap(),
+        &requests,
+    );
+    assert!(got.iter().all(|ids| ids.len() == 12), "{got:?}");
+}
+
+#[test]
+fn a_prefix_persisted_from_the_gpu_loads_back_into_a_fresh_engine() {
+    let prefix: Vec<u32> = (0..24).map(|t| 30 + 3 * t).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (_d, model) = tiny(&f32_on_gpu());
+    let mut first = LlmEngine::new(model.clone(), config(Some(DType::F32))).unwrap();
+    let (_, source) = first.pin_persisted_prefix(&prefix, dir.path()).unwrap();
+    assert_eq!(source, PrefixSource::Computed);
+    let mut second = LlmEngine::new(model, config(Some(DType::F32))).unwrap();
+    let (_, source) = second.pin_persisted_prefix(&prefix, dir.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    let requests: Vec<_> = (0..3).map(|i| request(i, &prefix)).collect();
+    let (_d, cpu_model) = tiny(&LoadOptions::default());
+    let expected = run(
+        &mut LlmEngine::new(cpu_model, config(None)).unwrap(),
+        &requests,
+    );
+    assert_eq!(run(&mut second, &requests), expected);
+}
+
+#[test]
+fn the_entropy_window_on_the_gpu_decides_as_the_monitor() {
+    let dev = gpu();
+    let mut rng = StdRng::seed_from_u64(5);
+    let (n, vocab, k, window) = (19, 300, 4, 6);
+    for (estimator, code) in [
+        (EntropyEstimator::FullSoftmax, 0),
+        (EntropyEstimator::SampledNll, 3),
+    ] {
+        for (unit, unit_code) in [(EntropyUnit::Nats, 0), (EntropyUnit::Bits, 1)] {
+            let tau = rng.random_range(0.5..3.0f32);
+            let params = EntropyWindowParams {
+                tau,
+                window,
+                estimator: code,
+                unit: unit_code,
+            };
+            let scales: Vec<f32> = (0..n).map(|_| rng.random_range(0.3..6.0)).collect();
+            let mut monitors: Vec<_> = (0..n)
+                .map(|_| EntropyMonitor::new(tau, window, estimator, unit).unwrap())
+                .collect();
+            let mut decisions = vec![Decision::Continue; n];
+            let mut state = Tensor::zeros((n, 4), DType::F64, &dev).unwrap();
+            for _step in 0..window + 2 {
+                let logits: Vec<f32> = scales
+                    .iter()
+                    .flat_map(|&s| (0..vocab).map(move |_| s).collect::<Vec<_>>())
+                    .map(|s| s * rng.random_range(-1.0f32..1.0))
+                    .collect();
+                let logits = Tensor::from_vec(logits, (n, vocab), &dev).unwrap();
+                let packed = logits_reduce_packed(&logits, k).unwrap();
+                let stats = LogitsStats::from_packed_rows(&packed, k).unwrap();
+                let host = logits.to_vec2::<f32>().unwrap();
+                let sampled: Vec<f32> = (0..n)
+                    .map(|s| host[s][rng.random_range(0..vocab)] - stats[s].log_sum_exp)
+                    .collect();
+                let observe = vec![1u32; n];
+                state = entropy_window_cuda(
+                    &packed,
+                    &Tensor::new(sampled.as_slice(), &dev).unwrap(),
+                    &Tensor::new(observe.as_slice(), &dev).unwrap(),
+                    &state,
+                    &params,
+                )
+                .unwrap();
+                for s in 0..n {
+                    if decisions[s] == Decision::Continue {
+                        decisions[s] = monitors[s].observe_step(&stats[s], sampled[s]).unwrap();
+                    }
+                }
+                let rows = state.to_vec2::<f64>().unwrap();
+                for s in 0..n {
+                    let expected = match decisions[s] {
+                        Decision::Continue => DECISION_CONTINUE,
+                        Decision::Accept => DECISION_ACCEPT,
+                        Decision::Escalate { .. } => DECISION_ESCALATE,
+                    };
+                    assert_eq!(
+                        rows[s][2], expected,
+                        "{estimator:?} {unit:?} seq {s}: {:?}",
+                        rows[s]
+                    );
+                    assert_eq!(rows[s][1], monitors[s].num_steps() as f64);
+                }
+            }
+        }
+    }
+}

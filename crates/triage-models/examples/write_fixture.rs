@@ -1,0 +1,42 @@
+//! Writes a random-weight model folder (config.json, model.safetensors, tokenizer.json) with the
+//! project's fixture writer, for the device check: triage and Hugging Face `transformers` then
+//! load the same weights, of a real model's shape, without any real weights travelling.
+//!
+//!   write_fixture --shape tiny|qwen2.5-0.5b|qwen2.5-1.5b --dtype bf16|f32 --out DIR
+
+use candle_core::DType;
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_safetensors, TinySpec};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut shape, mut dtype, mut out) = ("tiny".to_string(), DType::BF16, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--shape" => shape = value()?,
+            "--dtype" => {
+                dtype = match value()?.as_str() {
+                    "bf16" => DType::BF16,
+                    "f32" => DType::F32,
+                    other => return Err(format!("--dtype bf16|f32, got {other}").into()),
+                }
+            }
+            "--out" => out = Some(std::path::PathBuf::from(value()?)),
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let out = out.ok_or("--out DIR is required")?;
+    let spec = match shape.as_str() {
+        "tiny" => TinySpec::new(Architecture::Qwen2),
+        name => TinySpec::real_shape(name).ok_or(format!("unknown shape {name}"))?,
+    };
+    let start = std::time::Instant::now();
+    write_tiny_safetensors(&out, &spec, dtype)?;
+    eprintln!(
+        "write_fixture: {shape} ({dtype:?}) in {} ({:.1} s)",
+        out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The device check's kernel microbenchmarks, ratios measured in one run: the fused logits
+//! reduction against the device-to-device copy bandwidth and against candle's unfused chain, and
+//! paged-attention decode against the bytes of KV it must read. Prints one JSON object per case,
+//! then a table.
+//!
+//!   device_bench --device cuda            # the H200 sizes
+//!   device_bench --device cpu --quick     # the dry run: small sizes, same code
+//!
+//! Times are medians of repeated runs after a warm-up, each bracketed by `Device::synchronize`.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, D};
+use triage_ops::logits_reduce_packed;
+use triage_ops::paged_attention::{
+    paged_attention_planned, PagedAttentionMetadata, PagedAttentionPlan,
+};
+
+/// The Qwen2.5 1.5B attention shape (12 query heads over 2 KV heads of 128).
+const HEADS: usize = 12;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 128;
+const BLOCK_SIZE: usize = 16;
+const VOCAB: usize = 151_936;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    device: Device,
+    quick: bool,
+}
+
+fn args() -> Result<Args> {
+    let mut device = Device::Cpu;
+    let mut quick = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--device" => {
+                device = match it.next().as_deref() {
+                    Some("cpu") => Device::Cpu,
+                    Some("cuda") => triage_ops::cuda::open_device(0)?,
+                    other => return Err(format!("--device cpu|cuda, got {other:?}").into()),
+                }
+            }
+            "--quick" => quick = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    Ok(Args { device, quick })
+}
+
+/// Median seconds of `runs` calls of `f` after two warm-up calls.
+fn time(device: &Device, runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..2 {
+        f()?;
+    }
+    device.synchronize()?;
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        f()?;
+        device.synchronize()?;
+        samples.push(start.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[runs / 2])
+}
+
+/// Entropy the unfused way: softmax, log, multiply, sum, plus the max and argmax passes.
+fn unfused_chain(logits: &Tensor) -> Result<Tensor> {
+    let x = logits.to_dtype(DType::F32)?;
+    let p = candle_nn::ops::softmax_last_dim(&x)?;
+    let entropy = (p.log()? * &p)?.sum_keepdim(D::Minus1)?.neg()?;
+    let max = x.max_keepdim(D::Minus1)?;
+    let argmax = x.argmax_keepdim(D::Minus1)?.to_dtype(DType::F32)?;
+    Ok(Tensor::cat(&[entropy, max, argmax], 1)?)
+}
+
+fn reduction(a: &Args, runs: usize) -> Result<serde_json::Value> {
+    let rows = if a.quick { 4 } else { 64 };
+    let dtype = DType::BF16;
+    let logits = Tensor::randn(0f32, 3.0, (rows, VOCAB), &a.device)?.to_dtype(dtype)?;
+    let bytes = (rows * VOCAB * dtype.size_in_bytes()) as f64;
+    let copy = time(&a.device, runs, || {
+        logits.copy()?;
+        Ok(())
+    })?;
+    let fused = time(&a.device, runs, || {
+        logits_reduce_packed(&logits, 20)?;
+        Ok(())
+    })?;
+    let unfused = time(&a.device, runs, || {
+        unfused_chain(&logits)?;
+        Ok(())
+    })?;
+    // A copy reads and writes every byte; the reduction only reads them.
+    let copy_gbps = 2.0 * bytes / copy / 1e9;
+    let fused_gbps = bytes / fused / 1e9;
+    Ok(serde_json::json!({
+        "case": format!("logits_reduce [{rows}, {VOCAB}] bf16, k=20"),
+        "fused_ms": fused * 1e3,
+        "unfused_ms": unfused * 1e3,
+        "copy_ms": copy * 1e3,
+        "fused_gbps": fused_gbps,
+        "copy_gbps": copy_gbps,
+        "fraction_of_copy_bandwidth": fused_gbps / copy_gbps,
+        "speedup_over_unfused": unfused / fused,
+    }))
+}
+
+fn decode_case(a: &Args, seq_len: usize, runs: usize, copy_gbps: f64) -> Result<serde_json::Value> {
+    let num_seqs = 16;
+    let dtype = if a.device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let blocks_per_seq = seq_len.div_ceil(BLOCK_SIZE);
+    let num_blocks = num_seqs * blocks_per_seq + 1;
+    let shape = (num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM);
+    let k = Tensor::randn(0f32, 1.0, shape, &a.device)?.to_dtype(dtype)?;
+    let v = Tensor::randn(0f32, 1.0, shape, &a.device)?.to_dtype(dtype)?;
+    let q = Tensor::randn(0f32, 1.0, (num_seqs, HEADS, HEAD_DIM), &a.device)?.to_dtype(dtype)?;
+    let meta = PagedAttentionMetadata {
+        block_size: BLOCK_SIZE,
+        block_tables: (0..num_seqs)
+            .map(|s| {
+                (0..blocks_per_seq)
+                    .map(|b| (1 + s * blocks_per_seq + b) as u32)
+                    .collect()
+            })
+            .collect(),
+        seq_lens: vec![seq_len; num_seqs],
+        query_lens: vec![1; num_seqs],
+    };
+    let plan = PagedAttentionPlan::new(meta, num_blocks, &a.device)?;
+    let secs = time(&a.device, runs, || {
+        paged_attention_planned(&q, &k, &v, &plan)?;
+        Ok(())
+    })?;
+    let kv_bytes = (2 * num_seqs * seq_len * KV_HEADS * HEAD_DIM * dtype.size_in_bytes()) as f64;
+    let gbps = kv_bytes / secs / 1e9;
+    Ok(serde_json::json!({
+        "case": format!("paged_attention decode 16 x {seq_len} tokens {dtype:?}"),
+        "ms": secs * 1e3,
+        "kv_gbps": gbps,
+        "fraction_of_copy_bandwidth": gbps / copy_gbps,
+    }))
+}
+
+fn main() -> Result<()> {
+    let a = args()?;
+    let runs = if a.quick { 3 } else { 20 };
+    let reduce = reduction(&a, runs)?;
+    println!("{reduce}");
+    let copy_gbps = reduce["copy_gbps"].as_f64().unwrap_or(f64::NAN);
+    let lens: &[usize] = if a.quick {
+        &[1024]
+    } else {
+        &[1024, 8192, 32768]
+    };
+    let mut rows = vec![reduce];
+    for &len in lens {
+        let row = decode_case(&a, len, runs, copy_gbps)?;
+        println!("{row}");
+        rows.push(row);
+    }
+    println!("\n| case | time (ms) | GB/s | of copy bandwidth | other |");
+    println!("|---|---|---|---|---|");
+    let r = &rows[0];
+    println!(
+        "| {} | {:.3} | {:.1} | {:.1} % | {:.1}x over unfused ({:.3} ms); copy {:.0} GB/s |",
+        r["case"].as_str().unwrap_or(""),
+        r["fused_ms"].as_f64().unwrap_or(f64::NAN),
+        r["fused_gbps"].as_f64().unwrap_or(f64::NAN),
+        100.0 * r["fraction_of_copy_bandwidth"].as_f64().unwrap_or(f64::NAN),
+        r["speedup_over_unfused"].as_f64().unwrap_or(f64::NAN),
+        r["unfused_ms"].as_f64().unwrap_or(f64::NAN),
+        copy_gbps,
+    );
+    for r in &rows[1..] {
+        println!(
+            "| {} | {:.3} | {:.1} | {:.1} % | |",
+            r["case"].as_str().unwrap_or(""),
+            r["ms"].as_f64().unwrap_or(f64::NAN),
+            r["kv_gbps"].as_f64().unwrap_or(f64::NAN),
+            100.0 * r["fraction_of_copy_bandwidth"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    Ok(())
+}
