@@ -311,5 +311,17 @@ mod tests {
         let config = ServerConfig::from_toml(&readme[start..end]).unwrap();
         assert_eq!(config.api_key.as_deref(), Some("sk-local"));
         assert_eq!(config.models.len(), 2);
+        assert_eq!(config.models[0].device, DeviceSpec::Cpu);
+        let engine = config.models[0].engine_config().unwrap();
+        assert_eq!(engine.kv_dtype, Some(candle_core::DType::F32));
+        // The second entry leaves both to the device's defaults.
+        assert_eq!(config.models[1].kv_dtype, None);
+        let gpu = ServerConfig::from_toml(
+            "[[models]]\nname = \"m\"\ndevice = \"cuda:2\"\nkv_dtype = \"bf16\"\n",
+        )
+        .unwrap();
+        assert_eq!(gpu.models[0].device, DeviceSpec::Cuda(2));
+        let bad = ServerConfig::from_toml("[[models]]\nname = \"m\"\nkv_dtype = \"int4\"\n");
+        assert!(bad.unwrap_err().to_string().contains("int4"));
     }
 }
