@@ -19,6 +19,9 @@ pub struct PagedKvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     block_size: usize,
+    num_blocks: usize,
+    dtype: DType,
+    device: Device,
 }
 
 impl PagedKvCache {
@@ -50,22 +53,29 @@ impl PagedKvCache {
             k.push(filled()?);
             v.push(filled()?);
         }
-        Ok(Self { k, v, block_size })
+        Ok(Self {
+            k,
+            v,
+            block_size,
+            num_blocks,
+            dtype,
+            device: device.clone(),
+        })
     }
 
     /// The dtype K and V are stored in.
     pub fn dtype(&self) -> DType {
-        self.k[0].dtype()
+        self.dtype
     }
 
     /// The device the blocks live on.
     pub fn device(&self) -> &Device {
-        self.k[0].device()
+        &self.device
     }
 
     /// Blocks per layer.
     pub fn num_blocks(&self) -> usize {
-        self.k[0].dims()[0]
+        self.num_blocks
     }
 
     pub fn block_size(&self) -> usize {
@@ -81,7 +91,7 @@ impl PagedKvCache {
     /// head_dim]` per layer, on the cache's device in its dtype (what a persisted prefix stores,
     /// after the caller copies it to the host).
     pub fn read_blocks(&self, blocks: &[u32]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
-        let ids = Tensor::new(blocks, self.k[0].device())?;
+        let ids = Tensor::new(blocks, &self.device)?;
         let read = |t: &Tensor| t.index_select(&ids, 0);
         let k = self
             .k
