@@ -25,8 +25,9 @@ impl Weight {
         self.to_dense(device, DType::F32)
     }
 
-    /// The weight as a dense `dtype` tensor on `device` (converted on the host first, so a GPU
-    /// never holds an f32 copy of a bf16 matrix).
+    /// The weight as a dense `dtype` tensor on `device`. A dense weight (held on the host) is
+    /// converted before it is uploaded, so a GPU never holds an f32 copy of a bf16 matrix; GGUF
+    /// tensors are already on `device` and are dequantized there.
     pub fn to_dense(&self, device: &Device, dtype: DType) -> Result<Tensor> {
         Ok(match self {
             Weight::Quantized(q) => q.dequantize(device)?.to_dtype(dtype)?,

@@ -113,8 +113,22 @@ fn f32_tensor(slice: CudaSlice<f32>, dev: &CudaDevice, shape: impl Into<Shape>) 
 // devices
 
 /// CUDA device `ordinal`, with candle's own stream (the one every kernel here launches on).
+/// Opened once per process and ordinal: every later call returns the same device (a cheap
+/// clone), so the models that share a GPU share one candle device, one stream and one table of
+/// loaded kernels, and their tensors count as on the same device.
 pub fn open_device(ordinal: usize) -> Result<candle_core::Device> {
-    Ok(candle_core::Device::new_cuda(ordinal)?)
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static OPENED: OnceLock<Mutex<HashMap<usize, candle_core::Device>>> = OnceLock::new();
+    let opened = OPENED.get_or_init(|| Mutex::new(HashMap::new()));
+    // A poisoned lock only means another thread panicked while opening; the map is still valid.
+    let mut opened = opened.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(device) = opened.get(&ordinal) {
+        return Ok(device.clone());
+    }
+    let device = candle_core::Device::new_cuda(ordinal)?;
+    opened.insert(ordinal, device.clone());
+    Ok(device)
 }
 
 /// `(free, total)` bytes of `device`'s memory now (the driver's `cuMemGetInfo`).
