@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use triage::{AnswerEvent, AskRequest, Engine, TriageConfig};
+use triage::{AnswerEvent, AskRequest, Engine, ModelRole, TriageConfig};
 use triage_retrieval::{load_documents, ChunkerConfig, CorpusStore};
 
 fn main() -> anyhow::Result<()> {
@@ -19,13 +19,13 @@ fn main() -> anyhow::Result<()> {
 
     let scratch = tempfile::tempdir()?;
     let mut config = TriageConfig::default();
-    config.models.long_context = config.models.base.clone();
-    config.prefix_dir = Some(scratch.path().join("prefixes"));
-    let mut engine = Engine::new(config)?.with_store(scratch.path());
+    config.set_model(ModelRole::LongContext, triage::DEFAULT_BASE_MODEL);
+    config.pipeline.prefix_dir = Some(scratch.path().join("prefixes"));
+    let engine = Engine::new(config)?.with_store(scratch.path());
 
     // Ingest with the engine's embedder, then load: the corpus prefix is pinned in the
     // long-context model, so an escalation prefills only the question.
-    let embedder = triage::retrieve::load_embedder(triage::retrieve::DEFAULT_EMBEDDER)?;
+    let embedder = triage::load_embedder(triage::DEFAULT_EMBEDDER)?;
     let tokenizer = embedder.model.tokenizer().clone();
     CorpusStore::new(scratch.path()).ingest(
         "normans",

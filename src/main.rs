@@ -1,4 +1,7 @@
 //! The `triage` command line: fetch and list models, generate text, serve the API, benchmark.
+//! The only place that knows the command line; the commands themselves are in `cli/`.
+
+mod cli;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -7,10 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use triage::DeviceSpec;
-use triage::{
-    catalog, fetch, resolve, ChatMessage, EntropySettings, GenerateRequest, LoadOptions, Model,
-    Prompt, SamplingParams,
-};
+use triage::{ChatMessage, EntropySettings, GenerateRequest, Model, Prompt, SamplingParams};
+use triage_fetch::{catalog, fetch, resolve};
 
 #[derive(Parser)]
 #[command(name = "triage", version = triage::VERSION, about = "Local LLM inference with entropy-based routing")]
@@ -94,7 +95,7 @@ struct SuiteArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Target corpus length of each group, in the long-context model's tokens.
-    #[arg(long, default_value_t = triage::eval::DEFAULT_CONTEXT_TOKENS)]
+    #[arg(long, default_value_t = cli::eval::DEFAULT_CONTEXT_TOKENS)]
     context_tokens: usize,
     #[command(flatten)]
     engine: EngineArgs,
@@ -179,7 +180,7 @@ struct IngestArgs {
     #[arg(long)]
     delete: Vec<String>,
     /// Sentence embedder: a default model's name or a sentence-transformers folder.
-    #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+    #[arg(long, default_value = cli::retrieve::DEFAULT_EMBEDDER)]
     embedder: String,
     /// Chunk size in embedder tokens.
     #[arg(long, default_value_t = 256)]
@@ -226,7 +227,7 @@ enum TrainCommand {
         /// Where to write the frozen model (default $TRIAGE_HOME/policies/classifier.json).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
-        #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+        #[arg(long, default_value = cli::retrieve::DEFAULT_EMBEDDER)]
         embedder: String,
         /// Also measure the zero-shot classifier with this router model on the held-out rows.
         #[arg(long)]
@@ -271,7 +272,7 @@ struct RetrieveArgs {
     #[arg(long)]
     cross_encoder: Option<std::path::PathBuf>,
     /// Base model for dual-path pseudo-passages and LLM reranking.
-    #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+    #[arg(long, default_value = cli::retrieve::DEFAULT_BASE_MODEL)]
     model: String,
     /// Rank with the corpus's mirror in Milvus (`http://HOST:PORT`; see `ingest --milvus`).
     #[arg(long)]
@@ -331,9 +332,9 @@ enum BenchCommand {
         /// The first N questions also run the LLM arms (reranking, dual-path): slow on CPU.
         #[arg(long, default_value_t = 0)]
         llm_questions: usize,
-        #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+        #[arg(long, default_value = cli::retrieve::DEFAULT_BASE_MODEL)]
         model: String,
-        #[arg(long, default_value = triage::retrieve::DEFAULT_EMBEDDER)]
+        #[arg(long, default_value = cli::retrieve::DEFAULT_EMBEDDER)]
         embedder: String,
         #[arg(long)]
         json: bool,
@@ -350,7 +351,7 @@ enum BenchCommand {
         /// Questions taken from one article at most.
         #[arg(long, default_value_t = 12)]
         per_article: usize,
-        #[arg(long, default_value = triage::retrieve::DEFAULT_BASE_MODEL)]
+        #[arg(long, default_value = cli::retrieve::DEFAULT_BASE_MODEL)]
         base: String,
         #[arg(long, default_value = "qwen2.5-coder-1.5b")]
         long_context: String,
@@ -436,13 +437,24 @@ fn check_q8_kernel_override() -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    init_logging(matches!(cli.command, Command::Serve(_)));
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(exit_code(&err))
         }
     }
+}
+
+/// The exit code of a failed command: the kind of the library error inside (2 for the
+/// caller's mistakes, 3 for a missing corpus or model, 4 for a conflict, 5 for overload),
+/// else 1.
+fn exit_code(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(triage::error_kind)
+        .map_or(1, triage::ErrorKind::exit_code)
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -455,20 +467,17 @@ fn run(cli: Cli) -> Result<()> {
             command: ModelsCommand::List,
         } => models_list(),
         Command::Generate(args) => generate(args),
-        Command::Serve(args) => {
-            init_logging();
-            triage::serve::serve(triage::serve::ServeOverrides {
-                config: args.config,
-                host: args.host,
-                port: args.port,
-                api_key: args.api_key,
-                models: args.models,
-                device: args.device,
-            })
-        }
+        Command::Serve(args) => cli::serve::serve(cli::serve::ServeOverrides {
+            config: args.config,
+            host: args.host,
+            port: args.port,
+            api_key: args.api_key,
+            models: args.models,
+            device: args.device,
+        }),
         Command::Ingest(args) => ingest(args),
         Command::Retrieve(args) => retrieve(args),
-        Command::Ask(args) => triage::ask::ask(&triage::ask::AskCommand {
+        Command::Ask(args) => cli::ask::ask(&cli::ask::AskCommand {
             corpus: args.corpus,
             question: args.question,
             route: args.route.parse()?,
@@ -488,10 +497,10 @@ fn eval_config(
     args: SuiteArgs,
     split: &str,
     out: std::path::PathBuf,
-    systems: Vec<triage::eval::System>,
-) -> Result<triage::eval::EvalConfig> {
+    systems: Vec<cli::eval::System>,
+) -> Result<cli::eval::EvalConfig> {
     let config = args.engine.load()?;
-    Ok(triage::eval::EvalConfig {
+    Ok(cli::eval::EvalConfig {
         suite: args.suite.parse()?,
         systems,
         out,
@@ -499,16 +508,16 @@ fn eval_config(
         seed: args.seed,
         split: split.parse()?,
         context_tokens: args.context_tokens,
-        edar_classifier: triage::eval::default_edar_classifier(&config.routing),
+        edar_classifier: cli::eval::default_edar_classifier(&config.routing),
         config,
         quiet: args.quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()),
     })
 }
 
 fn eval(args: EvalArgs) -> Result<()> {
-    let systems = triage::eval::parse_systems(&args.systems)?;
+    let systems = cli::eval::parse_systems(&args.systems)?;
     let config = eval_config(args.suite, &args.split, args.out, systems)?;
-    let report = triage::eval::run(&config)?.report;
+    let report = cli::eval::run(&config)?.report;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -536,7 +545,7 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         anyhow::bail!("the τ grid needs --tau-step > 0 and --tau-min <= --tau-max");
     }
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
-    let (chosen, calibration) = triage::eval::calibrate(
+    let (chosen, calibration) = cli::eval::calibrate(
         &config,
         &args.out,
         (args.tau_min, args.tau_max, args.tau_step),
@@ -574,7 +583,7 @@ fn train(command: TrainCommand) -> Result<()> {
             zero_shot_model,
             json,
         } => {
-            let r = triage::train::train_classifier(
+            let r = cli::train::train_classifier(
                 &data,
                 out.as_deref(),
                 &embedder,
@@ -617,7 +626,7 @@ fn train(command: TrainCommand) -> Result<()> {
             out,
             json,
         } => {
-            let r = triage::train::train_gain_policy(&dataset, questions, out.as_deref())?;
+            let r = cli::train::train_gain_policy(&dataset, questions, out.as_deref())?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -648,7 +657,7 @@ fn ingest(args: IngestArgs) -> Result<()> {
         max_tokens: args.chunk_tokens,
         overlap_tokens: args.overlap_tokens,
     };
-    let report = triage::retrieve::ingest(
+    let report = cli::retrieve::ingest(
         &args.corpus,
         &args.paths,
         &args.delete,
@@ -656,7 +665,7 @@ fn ingest(args: IngestArgs) -> Result<()> {
         chunker,
     )?;
     let milvus = match &args.milvus {
-        Some(uri) => Some(triage::retrieve::sync_milvus(&args.corpus, uri)?),
+        Some(uri) => Some(cli::retrieve::sync_milvus(&args.corpus, uri)?),
         None => None,
     };
     if args.json {
@@ -694,7 +703,7 @@ fn retrieve(args: RetrieveArgs) -> Result<()> {
         Mode::Hybrid => RetrieveMode::Hybrid,
         Mode::Dual => RetrieveMode::Dual,
     };
-    let out = triage::retrieve::retrieve(&triage::retrieve::RetrieveCommand {
+    let out = cli::retrieve::retrieve(&cli::retrieve::RetrieveCommand {
         corpus: args.corpus,
         query: args.query,
         params: RetrieveParams {
@@ -734,10 +743,12 @@ fn retrieve(args: RetrieveArgs) -> Result<()> {
     Ok(())
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default: info).
-fn init_logging() {
+/// Logs to stderr; `RUST_LOG` filters (default: info for the server, warnings for the other
+/// commands, whose output is their result).
+fn init_logging(server: bool) {
+    let default = if server { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -746,11 +757,10 @@ fn init_logging() {
 }
 
 fn load(name_or_path: &str, device: DeviceSpec) -> Result<std::sync::Arc<Model>> {
-    let opts = LoadOptions::for_device(device)?;
-    let (name, path) = resolve::resolve_model(name_or_path)?;
-    let model = Model::load(&name, &path, &opts)
-        .with_context(|| format!("loading model {}", path.display()))?;
-    Ok(std::sync::Arc::new(model))
+    Ok(std::sync::Arc::new(triage::load_model(
+        name_or_path,
+        device,
+    )?))
 }
 
 fn bench(command: BenchCommand) -> Result<()> {
@@ -762,7 +772,7 @@ fn bench(command: BenchCommand) -> Result<()> {
             json,
             device,
         } => {
-            let r = triage::bench::prefix(&load(&model, device)?, prefix_tokens, question_tokens)?;
+            let r = cli::bench::prefix(&load(&model, device)?, prefix_tokens, question_tokens)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -783,7 +793,7 @@ fn bench(command: BenchCommand) -> Result<()> {
                 anyhow::bail!("--concurrency takes positive integers, e.g. 1,4,16");
             }
             let results =
-                triage::bench::decode(&load(&model, device)?, &concurrency, 32, decode_tokens)?;
+                cli::bench::decode(&load(&model, device)?, &concurrency, 32, decode_tokens)?;
             if json {
                 println!("{}", json!({ "results": results }));
             } else {
@@ -806,18 +816,18 @@ fn bench(command: BenchCommand) -> Result<()> {
             if questions == 0 {
                 anyhow::bail!("--questions must be at least 1");
             }
-            let config = triage::bench_retrieval::RetrievalBenchConfig {
+            let config = cli::bench_retrieval::RetrievalBenchConfig {
                 dataset,
                 questions,
                 llm_questions,
                 model,
                 embedder,
             };
-            let r = triage::bench_retrieval::run(&config)?;
+            let r = cli::bench_retrieval::run(&config)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                print!("{}", triage::bench_retrieval::markdown(&r));
+                print!("{}", cli::bench_retrieval::markdown(&r));
             }
         }
         BenchCommand::Route {
@@ -835,7 +845,7 @@ fn bench(command: BenchCommand) -> Result<()> {
             if questions == 0 || paragraphs == 0 || per_article == 0 {
                 anyhow::bail!("--questions, --paragraphs and --per-article must be at least 1");
             }
-            let config = triage::bench_route::RouteBenchConfig {
+            let config = cli::bench_route::RouteBenchConfig {
                 questions,
                 paragraphs,
                 per_article,
@@ -846,11 +856,11 @@ fn bench(command: BenchCommand) -> Result<()> {
                 rows,
                 device,
             };
-            let r = triage::bench_route::run(&config)?;
+            let r = cli::bench_route::run(&config)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                print!("{}", triage::bench_route::markdown(&r));
+                print!("{}", cli::bench_route::markdown(&r));
             }
         }
     }

@@ -374,6 +374,56 @@ fn serve_refuses_bad_configs_clearly() {
     assert_clean_failure(&out, "/nonexistent/model.gguf");
 }
 
+/// A failed command's exit code says whose fault it was (README "Command line"), so scripts can
+/// tell a typo from a crash.
+#[test]
+fn failures_exit_with_their_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir);
+    let long_prompt = "x ".repeat(600); // the tiny model's context is 512
+    let bad_config = dir.path().join("bad.toml");
+    std::fs::write(&bad_config, "prot = 8080\n").unwrap();
+    let truncated = dir.path().join("cut.gguf");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let cases: Vec<(Vec<&str>, i32)> = vec![
+        (
+            vec!["generate", "--model", &model, "--prompt", &long_prompt],
+            2,
+        ),
+        (vec!["serve", "--config", bad_config.to_str().unwrap()], 2),
+        (
+            vec![
+                "generate",
+                "--model",
+                "/no/such/model.gguf",
+                "--prompt",
+                "hi",
+            ],
+            3,
+        ),
+        (
+            vec![
+                "generate",
+                "--model",
+                truncated.to_str().unwrap(),
+                "--prompt",
+                "hi",
+            ],
+            1,
+        ),
+    ];
+    for (args, code) in cases {
+        let out = triage(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// A binary built without the `cuda` feature (the one CI tests) refuses a GPU by name on every
 /// command that takes `--device`, and a malformed device is a usage error; none panics.
 #[cfg(not(feature = "cuda"))]

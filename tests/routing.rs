@@ -5,11 +5,9 @@
 //! squad-normans`): a question answered from the retrieved chunks stays on RAG, and one whose
 //! answer is in the corpus but not in the retrieved chunks escalates and is answered.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use triage::{AskRequest, Engine, Route, RoutePath, TriageConfig};
+use triage::{AskRequest, Engine, ModelRole, Route, RoutePath, TriageConfig};
 use triage_retrieval::{load_documents, ChunkerConfig, CorpusStore, Embedder};
 
 struct Setup {
@@ -31,7 +29,7 @@ impl Setup {
 
 /// Ingest `docs` as corpus `name` with the embedder the engine uses.
 fn ingest(setup: &Setup, name: &str, docs: &[triage_retrieval::Document]) {
-    let embedder = triage::retrieve::load_embedder(&setup.config.models.embedder).unwrap();
+    let embedder = triage::load_embedder(&setup.config.pipeline.embedder).unwrap();
     let tokenizer = embedder.model.tokenizer().clone();
     let chunker = ChunkerConfig {
         max_tokens: 40,
@@ -45,7 +43,7 @@ fn ingest(setup: &Setup, name: &str, docs: &[triage_retrieval::Document]) {
 
 fn tiny() -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let config = common::tiny_config(dir.path());
+    let config = triage_host::fixtures::tiny_config(dir.path()).unwrap();
     let setup = Setup { dir, config };
     let docs: Vec<triage_retrieval::Document> = (0..6)
         .map(|i| triage_retrieval::Document {
@@ -72,12 +70,12 @@ fn question(corpus: &str, q: &str, route: Route) -> AskRequest {
 #[test]
 fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_disk() {
     let setup = tiny();
-    let mut engine = setup.engine();
+    let engine = setup.engine();
     let info = engine.load_corpus("tiny").unwrap();
     let prefix = info
         .prefix_tokens
         .unwrap_or_else(|| panic!("{:?}", info.long_context_unavailable));
-    assert_eq!(info.pinned_from.as_deref(), Some("computed"));
+    assert_eq!(info.pinned_from, Some("computed"));
     assert_eq!(info.pinned_tokens, Some(prefix / 16 * 16));
     for q in ["where did the dog run", "what did the bird do"] {
         let answer = engine.ask(&question("tiny", q, Route::Lc)).unwrap();
@@ -96,9 +94,9 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
         assert_eq!(answer.usage.cached_prompt_tokens, lc.cached_prompt_tokens);
     }
     drop(engine);
-    let mut restarted = setup.engine();
+    let restarted = setup.engine();
     let info = restarted.load_corpus("tiny").unwrap();
-    assert_eq!(info.pinned_from.as_deref(), Some("disk"));
+    assert_eq!(info.pinned_from, Some("disk"));
     let answer = restarted
         .ask(&question("tiny", "where did the dog run", Route::Lc))
         .unwrap();
@@ -114,7 +112,7 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
 #[test]
 fn an_escalation_stops_the_rag_generation_at_its_first_token() {
     let setup = tiny();
-    let mut engine = setup.engine();
+    let engine = setup.engine();
     engine.load_corpus("tiny").unwrap();
     // τ = 0: any answer token with positive entropy escalates.
     let mut request = question("tiny", "where did the dog run", Route::Auto);
@@ -146,7 +144,7 @@ fn an_escalation_stops_the_rag_generation_at_its_first_token() {
 #[test]
 fn bad_overrides_and_unknown_corpora_are_client_errors() {
     let setup = tiny();
-    let mut engine = setup.engine();
+    let engine = setup.engine();
     engine.load_corpus("tiny").unwrap();
     let mut request = question("tiny", "where did the dog run", Route::Auto);
     request.tau = Some(-1.0);
@@ -174,15 +172,16 @@ fn bad_overrides_and_unknown_corpora_are_client_errors() {
 fn normans() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let mut config = TriageConfig::default();
-    config.models.long_context = config.models.base.clone();
-    config.models.kv_budget = "1024blocks".into();
-    config.prefix_dir = Some(dir.path().join("prefixes"));
+    let base = config.model(ModelRole::Base).unwrap().name.clone();
+    config.set_model(ModelRole::LongContext, &base);
+    config.set_kv_budget("1024blocks");
+    config.pipeline.prefix_dir = Some(dir.path().join("prefixes"));
     config.routing.retrieval.k = 2;
     let setup = Setup { dir, config };
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/squad-normans");
     let docs = load_documents(&fixture.join("documents.jsonl")).unwrap();
     assert_eq!(docs.len(), 8);
-    let embedder = triage::retrieve::load_embedder(&setup.config.models.embedder).unwrap();
+    let embedder = triage::load_embedder(&setup.config.pipeline.embedder).unwrap();
     let tokenizer = embedder.model.tokenizer().clone();
     CorpusStore::new(&setup.store())
         .ingest(
@@ -200,7 +199,7 @@ fn normans() -> Setup {
 #[test]
 fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
     let setup = normans();
-    let mut engine = setup.engine();
+    let engine = setup.engine();
     let info = engine.load_corpus("normans").unwrap();
     let prefix = info.prefix_tokens.unwrap();
     assert!((1000..2000).contains(&prefix), "{prefix}");

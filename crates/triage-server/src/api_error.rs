@@ -7,6 +7,44 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use triage_engine::EngineError;
+use triage_host::{ErrorKind, HostError};
+
+/// A host error as a response: its kind picks the status (the one rule, in `triage-host`);
+/// a sampling error names its parameter, an overflow says so in `code`, a missing corpus says
+/// how to make one.
+impl From<HostError> for ApiError {
+    fn from(e: HostError) -> Self {
+        if let Some(name) = e.unknown_corpus() {
+            return Self::corpus_not_found(name);
+        }
+        match e.engine_error() {
+            Some(EngineError::InvalidSampling { param, message }) => {
+                return Self::invalid_param(param, message.clone())
+            }
+            Some(overflow @ EngineError::ContextOverflow { .. }) => {
+                return Self {
+                    code: Some("context_length_exceeded"),
+                    ..Self::invalid_param("max_tokens", overflow.to_string())
+                }
+            }
+            _ => {}
+        }
+        let message = e.to_string();
+        match e.kind() {
+            ErrorKind::Caller => Self::invalid(message),
+            ErrorKind::NotFound => Self::new(StatusCode::NOT_FOUND, message),
+            ErrorKind::Conflict => Self {
+                code: Some("conflict"),
+                ..Self::new(StatusCode::CONFLICT, message)
+            },
+            ErrorKind::Overloaded => Self {
+                code: Some("overloaded"),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, message)
+            },
+            ErrorKind::Internal => Self::internal(message),
+        }
+    }
+}
 
 /// An error answer to an HTTP request.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,19 +139,19 @@ impl ApiError {
         }
     }
 
-    /// An engine error for a request being added: every such error is the request's fault
-    /// (parameters, a prompt beyond the context, a chat the template cannot render) except
-    /// tensor failures.
+    /// An engine error for a request being added (see [`ApiError::from`] for a host error).
     pub fn from_admission(error: EngineError) -> Self {
-        match error {
-            EngineError::InvalidSampling { param, message } => Self::invalid_param(param, message),
-            e @ EngineError::ContextOverflow { .. } => Self {
-                code: Some("context_length_exceeded"),
-                ..Self::invalid_param("max_tokens", e.to_string())
-            },
-            EngineError::Candle(e) => Self::internal(e.to_string()),
-            EngineError::Ops(e) => Self::internal(e.to_string()),
-            e => Self::invalid(e.to_string()),
+        HostError::from(error).into()
+    }
+
+    fn corpus_not_found(name: &str) -> Self {
+        Self {
+            param: Some("corpus".into()),
+            code: Some("corpus_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                format!("no corpus named {name:?}; create it with POST /v1/corpora"),
+            )
         }
     }
 
@@ -169,5 +207,39 @@ mod tests {
         });
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
+    }
+
+    /// The pipeline's errors take the same statuses as a plain request's: an overflow inside
+    /// a routed answer is the caller's 400, not a 500.
+    #[test]
+    fn pipeline_errors_take_their_kinds_status() {
+        use triage_retrieval::RetrievalError;
+        use triage_router::RouterError;
+        let overflow = RouterError::Engine(EngineError::ContextOverflow {
+            prompt_tokens: 10,
+            max_tokens: 5,
+            context_length: 12,
+        });
+        let e = ApiError::from(HostError::from(overflow));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["code"], "context_length_exceeded");
+        let missing = RouterError::Retrieval(RetrievalError::UnknownCorpus("docs".into()));
+        let e = ApiError::from(HostError::from(missing));
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert_eq!(e.body()["error"]["code"], "corpus_not_found");
+        let e = ApiError::from(HostError::CorpusExists("docs".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let e = ApiError::from(HostError::EmbedderMismatch {
+            corpus: "docs".into(),
+            corpus_embedder: "minilm-l6:384:256".into(),
+            embedder: "other:768:512".into(),
+        });
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        let e = ApiError::from(HostError::Invalid("no such document".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["message"], "no such document");
+        let e = ApiError::from(HostError::Internal("lock poisoned".into()));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.body()["error"]["type"], "server_error");
     }
 }

@@ -19,7 +19,6 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::api_error::ApiError;
-use crate::config::ServerConfig;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
 use crate::metrics::{Metrics, RequestLabels};
 use crate::responses::{Endpoint, ResponseMeta};
@@ -27,6 +26,8 @@ use crate::routed;
 use crate::routing::RoutingService;
 use crate::wire::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::worker::EngineWorker;
+use triage_host::config::role_name;
+use triage_host::TriageConfig;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -35,19 +36,19 @@ pub struct AppState {
     /// The routing pipeline, answering chat completions addressed to its alias.
     pub routing: Option<Arc<RoutingService>>,
     pub metrics: Arc<Metrics>,
-    pub config: ServerConfig,
+    pub config: TriageConfig,
     started: u64,
     next_id: AtomicU64,
 }
 
 impl AppState {
-    pub fn new(config: ServerConfig, workers: Vec<EngineWorker>) -> Arc<Self> {
+    pub fn new(config: TriageConfig, workers: Vec<EngineWorker>) -> Arc<Self> {
         Self::with_routing(config, workers.into_iter().map(Arc::new).collect(), None)
     }
 
     /// State whose workers may be shared with the routing pipeline.
     pub fn with_routing(
-        config: ServerConfig,
+        config: TriageConfig,
         workers: Vec<Arc<EngineWorker>>,
         routing: Option<Arc<RoutingService>>,
     ) -> Arc<Self> {
@@ -108,7 +109,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -135,7 +136,7 @@ async fn require_api_key(
     request: Request,
     next: Next,
 ) -> Response {
-    if let Some(key) = &state.config.api_key {
+    if let Some(key) = &state.config.server.api_key {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
@@ -203,7 +204,7 @@ async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Val
                 "created": state.started,
                 "owned_by": "triage",
                 "max_model_len": w.model.context_length(),
-                "triage": {"role": w.role},
+                "triage": {"role": role_name(w.role)},
             })
         })
         .collect();
@@ -281,7 +282,7 @@ async fn run(
     generate: triage_engine::generate::GenerateRequest,
 ) -> Result<Response, ApiError> {
     let worker = state.worker(&common.model)?.clone();
-    let ticket = Ticket::take(&worker, state.config.max_pending_requests)?;
+    let ticket = Ticket::take(&worker, state.config.server.max_pending_requests)?;
     let timer = RequestTimer::new(state.metrics.clone(), &worker.name);
     let rx = worker
         .submit(generate)
@@ -345,7 +346,7 @@ pub async fn serve(
         let _ = signalled_tx.send(());
     };
     let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(graceful);
-    let deadline = Duration::from_secs(state.config.shutdown_timeout_s);
+    let deadline = Duration::from_secs(state.config.server.shutdown_timeout_s);
     let timed_out = tokio::select! {
         result = server => { result?; false }
         _ = async {

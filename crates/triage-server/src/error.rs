@@ -11,6 +11,8 @@ pub enum ServerError {
     Io(#[from] std::io::Error),
     #[error("engine: {0}")]
     Engine(#[from] triage_engine::EngineError),
+    #[error(transparent)]
+    Host(#[from] triage_host::HostError),
 }
 
 /// `Result` with [`ServerError`].

@@ -4,17 +4,16 @@
 
 pub mod api_error;
 pub mod app;
-pub mod config;
 pub mod error;
 pub mod generation;
 pub mod metrics;
 pub mod responses;
 pub mod routed;
 pub mod routing;
+pub mod startup;
 pub mod wire;
 pub mod worker;
 
 pub use app::{router, serve, shutdown_signal, AppState};
-pub use config::{ModelEntry, ServerConfig};
 pub use error::{Result, ServerError};
 pub use worker::EngineWorker;

@@ -21,26 +21,12 @@ use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath};
 
 use crate::api_error::ApiError;
 use crate::app::AppState;
-use crate::routing::{RoutingError, RoutingService};
+use crate::routing::RoutingService;
 use crate::wire::ChatCompletionRequest;
+use triage_host::HostError;
 
 /// The response header naming the path that answered.
 pub const ROUTE_HEADER: &str = "x-triage-route";
-
-impl From<RoutingError> for ApiError {
-    fn from(e: RoutingError) -> Self {
-        match e {
-            RoutingError::Invalid(m) => ApiError::invalid(m),
-            RoutingError::UnknownCorpus(name) => ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!("no corpus named {name:?}; create it with POST /v1/corpora"),
-                param: Some("corpus".into()),
-                code: Some("corpus_not_found"),
-            },
-            RoutingError::Internal(m) => ApiError::internal(m),
-        }
-    }
-}
 
 /// The `triage` object of a request: which corpus, and per-request overrides.
 #[derive(Debug, Clone, Deserialize)]
@@ -116,7 +102,8 @@ fn spawn_ask(
     tokio::task::spawn_blocking(move || {
         let events = tx.clone();
         let result = service
-            .ask(&request, &mut |e| {
+            .host
+            .ask_stream(&request, |e| {
                 let _ = events.send(Message::Event(e));
             })
             .map_err(ApiError::from);
@@ -303,7 +290,7 @@ pub async fn route(state: Arc<AppState>, body: RouteRequest) -> Result<Response,
         body.question,
         None,
     )?;
-    let record = tokio::task::spawn_blocking(move || service.plan(&ask))
+    let record = tokio::task::spawn_blocking(move || service.host.plan(&ask))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))??;
     let path = record.path;
@@ -352,7 +339,7 @@ pub struct DeleteDocuments {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, RoutingError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, HostError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
         .await
@@ -363,7 +350,7 @@ async fn blocking<T: Send + 'static>(
 pub async fn create_corpus(state: Arc<AppState>, body: CreateCorpus) -> Result<Response, ApiError> {
     let service = service(&state)?;
     let docs = documents(body.documents);
-    let change = blocking(move || service.create_corpus(&body.name, &docs)).await?;
+    let change = blocking(move || service.host.create_corpus(&body.name, &docs)).await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"object": "corpus", "result": change})),
@@ -373,7 +360,7 @@ pub async fn create_corpus(state: Arc<AppState>, body: CreateCorpus) -> Result<R
 
 pub async fn list_corpora(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let service = service(&state)?;
-    let list = blocking(move || service.list_corpora()).await?;
+    let list = blocking(move || service.host.list_corpora()).await?;
     Ok(Json(json!({"object": "list", "data": list})).into_response())
 }
 
@@ -384,7 +371,7 @@ pub async fn add_documents(
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
     let docs = documents(body.documents);
-    let change = blocking(move || service.add_documents(&name, &docs)).await?;
+    let change = blocking(move || service.host.add_documents(&name, &docs)).await?;
     Ok(Json(json!({"object": "corpus", "result": change})).into_response())
 }
 
@@ -393,7 +380,7 @@ pub async fn list_documents(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
-    let list = blocking(move || service.list_documents(&name)).await?;
+    let list = blocking(move || service.host.list_documents(&name)).await?;
     Ok(Json(json!({"object": "list", "data": list})).into_response())
 }
 
@@ -403,6 +390,6 @@ pub async fn delete_documents(
     body: DeleteDocuments,
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
-    let change = blocking(move || service.delete_documents(&name, &body.ids)).await?;
+    let change = blocking(move || service.host.delete_documents(&name, &body.ids)).await?;
     Ok(Json(json!({"object": "corpus", "result": change})).into_response())
 }

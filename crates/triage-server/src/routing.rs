@@ -1,60 +1,21 @@
-//! `RoutingService`: the routing pipeline inside the server. Its models are the engine workers
-//! (so pipeline requests share continuous batching with plain chat traffic), its corpora live in
-//! the corpus store and are managed over `/v1/corpora`, and each loaded corpus keeps its
-//! long-context prefix pinned in the long-context worker. Every method blocks: handlers call it
-//! on tokio's blocking pool.
+//! `RoutingService`: the routing pipeline inside the server, a [`Host`] whose models are the
+//! engine workers (so pipeline requests share continuous batching with plain chat traffic). Its
+//! corpora live in the corpus store and are managed over `/v1/corpora`; each loaded corpus keeps
+//! its long-context prefix pinned in the long-context worker. Every method blocks: handlers call
+//! it on tokio's blocking pool.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
-use serde::Serialize;
 use triage_engine::generate::{tokenize_prompt, GenerateRequest, TokenOutput};
-use triage_engine::llm_engine::{PrefixSource, StreamEvent};
+use triage_engine::llm_engine::StreamEvent;
+use triage_host::{Host, HostError, ModelAccess};
 use triage_models::model::Model;
-use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document};
-use triage_router::decision::DecisionRecord;
-use triage_router::long_context::{prepare_long_context, LongContextPrompt};
-use triage_router::{
-    Answer, AnswerEvent, AskRequest, CorpusView, Generated, Generator, ModelRole, PinnedPrefix,
-    Pipeline, RouterError, RoutingConfig,
-};
+use triage_retrieval::BertEmbedder;
+use triage_router::{Generated, Generator, ModelRole, PinnedPrefix, RouterError, RoutingConfig};
 
 use crate::worker::EngineWorker;
-
-/// Why a pipeline call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum RoutingError {
-    /// The caller's mistake (a 400).
-    #[error("{0}")]
-    Invalid(String),
-    #[error("no corpus named {0:?}")]
-    UnknownCorpus(String),
-    /// The server's failure (a 500).
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl From<RouterError> for RoutingError {
-    fn from(e: RouterError) -> Self {
-        match e {
-            RouterError::Invalid(m) => Self::Invalid(m),
-            RouterError::Engine(triage_engine::EngineError::Invalid(m)) => Self::Invalid(m),
-            other => Self::Internal(other.to_string()),
-        }
-    }
-}
-
-impl From<triage_retrieval::RetrievalError> for RoutingError {
-    fn from(e: triage_retrieval::RetrievalError) -> Self {
-        use triage_retrieval::RetrievalError as E;
-        match e {
-            E::UnknownCorpus(name) => Self::UnknownCorpus(name),
-            E::Invalid(_) | E::BadDocument { .. } => Self::Invalid(e.to_string()),
-            other => Self::Internal(other.to_string()),
-        }
-    }
-}
 
 /// The models of the pipeline, reached through their engine workers.
 struct WorkerGenerator<'a> {
@@ -163,55 +124,38 @@ impl Generator for WorkerGenerator<'_> {
     }
 }
 
-/// A corpus ready to answer from.
-struct LoadedCorpus {
-    corpus: Corpus,
-    long_context: Result<LongContextPrompt, String>,
+/// The workers that play the pipeline's roles.
+pub struct WorkerModels {
+    roles: HashMap<ModelRole, Arc<EngineWorker>>,
 }
 
-/// What `/v1/corpora` reports about a corpus.
-#[derive(Debug, Clone, Serialize)]
-pub struct CorpusSummary {
-    pub name: String,
-    pub documents: usize,
-    pub chunks: usize,
-    /// Tokens of the corpus prefix in the long-context model, when it fits.
-    pub prefix_tokens: Option<usize>,
-    pub pinned_from: Option<&'static str>,
-    pub long_context_unavailable: Option<String>,
+impl WorkerModels {
+    /// The workers by role: the base model is required; the long-context and router roles
+    /// fall back to it.
+    pub fn new(workers: &[Arc<EngineWorker>]) -> Result<Self, HostError> {
+        let by_role = |role: ModelRole| workers.iter().find(|w| w.role == role).cloned();
+        let base = by_role(ModelRole::Base)
+            .ok_or_else(|| HostError::Config("routing needs a model with role \"base\"".into()))?;
+        let mut roles = HashMap::new();
+        for role in [ModelRole::LongContext, ModelRole::Router] {
+            roles.insert(role, by_role(role).unwrap_or_else(|| base.clone()));
+        }
+        roles.insert(ModelRole::Base, base);
+        Ok(Self { roles })
+    }
 }
 
-/// One document of a corpus, as listed.
-#[derive(Debug, Clone, Serialize)]
-pub struct DocumentSummary {
-    pub id: String,
-    pub title: String,
-    pub chunks: usize,
-}
-
-/// What a change to a corpus's documents did.
-#[derive(Debug, Clone, Serialize)]
-pub struct DocumentsChange {
-    pub added: usize,
-    pub updated: usize,
-    pub unchanged: usize,
-    pub deleted: usize,
-    pub corpus: CorpusSummary,
+impl ModelAccess for WorkerModels {
+    fn with_generator<R>(&self, f: impl FnOnce(&mut dyn Generator) -> R) -> Result<R, HostError> {
+        Ok(f(&mut WorkerGenerator { roles: &self.roles }))
+    }
 }
 
 /// The pipeline, its models, and the corpora it answers from.
 pub struct RoutingService {
     /// The `model` name clients use for the pipeline.
     pub alias: String,
-    pipeline: Pipeline,
-    roles: HashMap<ModelRole, Arc<EngineWorker>>,
-    embedder: BertEmbedder,
-    store: CorpusStore,
-    prefix_dir: PathBuf,
-    corpora: RwLock<BTreeMap<String, Arc<LoadedCorpus>>>,
-    /// Changes to corpora run one at a time (ingesting and re-pinning are not concurrent-safe
-    /// for one name).
-    writing: Mutex<()>,
+    pub host: Host<WorkerModels>,
 }
 
 impl std::fmt::Debug for RoutingService {
@@ -222,17 +166,9 @@ impl std::fmt::Debug for RoutingService {
     }
 }
 
-fn pinned_name(source: PrefixSource) -> &'static str {
-    match source {
-        PrefixSource::Cache => "cache",
-        PrefixSource::Disk => "disk",
-        PrefixSource::Computed => "computed",
-    }
-}
-
 impl RoutingService {
-    /// A service over `workers` (by role: the base model is required; the long-context role
-    /// falls back to the base model, the router role to the base model too).
+    /// A service over `workers` (see [`WorkerModels::new`]), its corpora in the store under
+    /// `data_dir`.
     pub fn new(
         alias: &str,
         config: RoutingConfig,
@@ -240,269 +176,11 @@ impl RoutingService {
         embedder: BertEmbedder,
         data_dir: &Path,
         prefix_dir: PathBuf,
-    ) -> Result<Self, RoutingError> {
-        let pipeline = Pipeline::new(config)?;
-        let by_role = |names: &[&str]| {
-            workers
-                .iter()
-                .find(|w| names.contains(&w.role.as_str()))
-                .cloned()
-        };
-        let base = by_role(&["base"]).ok_or_else(|| {
-            RoutingError::Invalid("routing needs a model with role \"base\"".into())
-        })?;
-        let mut roles = HashMap::new();
-        roles.insert(
-            ModelRole::LongContext,
-            by_role(&["long-context", "long_context"]).unwrap_or_else(|| base.clone()),
-        );
-        roles.insert(
-            ModelRole::Router,
-            by_role(&["router"]).unwrap_or_else(|| base.clone()),
-        );
-        roles.insert(ModelRole::Base, base);
+    ) -> Result<Self, HostError> {
+        let models = WorkerModels::new(workers)?;
         Ok(Self {
             alias: alias.to_string(),
-            pipeline,
-            roles,
-            embedder,
-            store: CorpusStore::new(data_dir),
-            prefix_dir,
-            corpora: RwLock::new(BTreeMap::new()),
-            writing: Mutex::new(()),
+            host: Host::with_models(models, config, embedder, data_dir, prefix_dir)?,
         })
-    }
-
-    fn write_lock(&self) -> Result<std::sync::MutexGuard<'_, ()>, RoutingError> {
-        self.writing
-            .lock()
-            .map_err(|_| RoutingError::Internal("corpus lock poisoned".into()))
-    }
-
-    fn generator(&self) -> WorkerGenerator<'_> {
-        WorkerGenerator { roles: &self.roles }
-    }
-
-    fn cached(&self, name: &str) -> Result<Option<Arc<LoadedCorpus>>, RoutingError> {
-        Ok(self
-            .corpora
-            .read()
-            .map_err(|_| RoutingError::Internal("corpus table poisoned".into()))?
-            .get(name)
-            .cloned())
-    }
-
-    /// A loaded corpus; one in the store but not loaded yet (made by `triage ingest`, or before
-    /// a restart) is loaded now, its prefix pinned on first use.
-    fn loaded(&self, name: &str) -> Result<Arc<LoadedCorpus>, RoutingError> {
-        if let Some(loaded) = self.cached(name)? {
-            return Ok(loaded);
-        }
-        let _guard = self.write_lock()?;
-        if let Some(loaded) = self.cached(name)? {
-            return Ok(loaded);
-        }
-        self.reload(name)?;
-        self.cached(name)?
-            .ok_or_else(|| RoutingError::UnknownCorpus(name.to_string()))
-    }
-
-    fn summary(name: &str, loaded: &LoadedCorpus, pinned: Option<PinnedPrefix>) -> CorpusSummary {
-        CorpusSummary {
-            name: name.to_string(),
-            documents: loaded.corpus.num_documents(),
-            chunks: loaded.corpus.chunks().len(),
-            prefix_tokens: loaded.long_context.as_ref().ok().map(|lc| lc.prefix.len()),
-            pinned_from: pinned.map(|p| pinned_name(p.source)),
-            long_context_unavailable: loaded.long_context.as_ref().err().cloned(),
-        }
-    }
-
-    /// [`RoutingService::loaded`] for a caller that holds the write lock.
-    fn loaded_locked(&self, name: &str) -> Result<Arc<LoadedCorpus>, RoutingError> {
-        if let Some(loaded) = self.cached(name)? {
-            return Ok(loaded);
-        }
-        self.reload(name)?;
-        self.cached(name)?
-            .ok_or_else(|| RoutingError::UnknownCorpus(name.to_string()))
-    }
-
-    /// Open `name` from the store (it must exist) and pin its long-context prefix.
-    pub fn load_corpus(&self, name: &str) -> Result<CorpusSummary, RoutingError> {
-        let _guard = self.write_lock()?;
-        self.reload(name)
-    }
-
-    /// (Re)open `name` and swap it in, pinning the new prefix before unpinning the old one so an
-    /// unchanged corpus keeps its cached blocks.
-    fn reload(&self, name: &str) -> Result<CorpusSummary, RoutingError> {
-        let corpus = self.store.open(name)?;
-        let (long_context, pinned) = prepare_long_context(
-            &mut self.generator(),
-            &corpus,
-            &self.pipeline.config,
-            &self.prefix_dir,
-        )?;
-        let loaded = Arc::new(LoadedCorpus {
-            corpus,
-            long_context,
-        });
-        let summary = Self::summary(name, &loaded, pinned);
-        let old = self
-            .corpora
-            .write()
-            .map_err(|_| RoutingError::Internal("corpus table poisoned".into()))?
-            .insert(name.to_string(), loaded.clone());
-        if let Some(Ok(old_lc)) = old.as_ref().map(|o| o.long_context.as_ref()) {
-            let unchanged = loaded
-                .long_context
-                .as_ref()
-                .is_ok_and(|lc| lc.prefix == old_lc.prefix);
-            if !unchanged {
-                self.generator()
-                    .unpin_prefix(ModelRole::LongContext, &old_lc.prefix)?;
-            }
-        }
-        Ok(summary)
-    }
-
-    /// The loaded corpora.
-    pub fn list_corpora(&self) -> Result<Vec<CorpusSummary>, RoutingError> {
-        let corpora = self
-            .corpora
-            .read()
-            .map_err(|_| RoutingError::Internal("corpus table poisoned".into()))?;
-        Ok(corpora
-            .iter()
-            .map(|(name, loaded)| Self::summary(name, loaded, None))
-            .collect())
-    }
-
-    /// Create a corpus (an error if it exists) with `documents`.
-    pub fn create_corpus(
-        &self,
-        name: &str,
-        documents: &[Document],
-    ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self.write_lock()?;
-        if self.store.list()?.iter().any(|n| n == name) {
-            return Err(RoutingError::Invalid(format!(
-                "corpus {name:?} already exists"
-            )));
-        }
-        self.change(name, documents, &[])
-    }
-
-    /// Add or replace documents of an existing corpus.
-    pub fn add_documents(
-        &self,
-        name: &str,
-        documents: &[Document],
-    ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self.write_lock()?;
-        self.loaded_locked(name)?;
-        self.change(name, documents, &[])
-    }
-
-    /// Delete documents by id from an existing corpus.
-    pub fn delete_documents(
-        &self,
-        name: &str,
-        ids: &[String],
-    ) -> Result<DocumentsChange, RoutingError> {
-        let _guard = self.write_lock()?;
-        let loaded = self.loaded_locked(name)?;
-        if let Some(missing) = ids
-            .iter()
-            .find(|id| !loaded.corpus.chunks().iter().any(|c| &c.doc_id == *id))
-        {
-            return Err(RoutingError::Invalid(format!(
-                "corpus {name:?} has no document {missing:?}"
-            )));
-        }
-        self.change(name, &[], ids)
-    }
-
-    fn change(
-        &self,
-        name: &str,
-        documents: &[Document],
-        delete: &[String],
-    ) -> Result<DocumentsChange, RoutingError> {
-        if let Some(d) = documents.iter().find(|d| d.id.trim().is_empty()) {
-            return Err(RoutingError::Invalid(format!(
-                "a document needs a non-empty id (title {:?})",
-                d.title
-            )));
-        }
-        let tokenizer = self.embedder.model.tokenizer().clone();
-        let report = self.store.ingest(
-            name,
-            documents,
-            delete,
-            &self.embedder,
-            &tokenizer,
-            ChunkerConfig::default(),
-        )?;
-        let corpus = self.reload(name)?;
-        Ok(DocumentsChange {
-            added: report.added,
-            updated: report.updated,
-            unchanged: report.unchanged,
-            deleted: report.deleted,
-            corpus,
-        })
-    }
-
-    /// The documents of a corpus.
-    pub fn list_documents(&self, name: &str) -> Result<Vec<DocumentSummary>, RoutingError> {
-        let loaded = self.loaded(name)?;
-        let mut docs: BTreeMap<&str, DocumentSummary> = BTreeMap::new();
-        for c in loaded.corpus.chunks() {
-            docs.entry(&c.doc_id)
-                .or_insert_with(|| DocumentSummary {
-                    id: c.doc_id.clone(),
-                    title: c.title.clone(),
-                    chunks: 0,
-                })
-                .chunks += 1;
-        }
-        Ok(docs.into_values().collect())
-    }
-
-    fn view<'a>(&self, name: &'a str, loaded: &'a LoadedCorpus) -> CorpusView<'a> {
-        CorpusView {
-            name,
-            corpus: &loaded.corpus,
-            backend: None,
-            long_context: loaded.long_context.as_ref().map_err(Clone::clone),
-        }
-    }
-
-    /// Answer one question; `events` sees the path and the answer's text as they come.
-    pub fn ask(
-        &self,
-        request: &AskRequest,
-        events: &mut dyn FnMut(AnswerEvent),
-    ) -> Result<Answer, RoutingError> {
-        let loaded = self.loaded(&request.corpus)?;
-        let view = self.view(&request.corpus, &loaded);
-        Ok(self.pipeline.ask(
-            &mut self.generator(),
-            &self.embedder,
-            &view,
-            request,
-            events,
-        )?)
-    }
-
-    /// Decide the first path without answering.
-    pub fn plan(&self, request: &AskRequest) -> Result<DecisionRecord, RoutingError> {
-        let loaded = self.loaded(&request.corpus)?;
-        let view = self.view(&request.corpus, &loaded);
-        Ok(self
-            .pipeline
-            .plan(&mut self.generator(), &self.embedder, &view, request)?)
     }
 }

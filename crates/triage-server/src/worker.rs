@@ -15,6 +15,7 @@ use triage_engine::llm_engine::RequestId;
 use triage_engine::llm_engine::{EngineConfig, EventSink, LlmEngine, PrefixSource, StreamEvent};
 use triage_engine::EngineError;
 use triage_models::model::Model;
+use triage_router::ModelRole;
 
 use crate::Result;
 
@@ -67,7 +68,7 @@ pub struct EngineStats {
 /// A served model: its engine thread and what handlers need to know about it.
 pub struct EngineWorker {
     pub name: String,
-    pub role: String,
+    pub role: ModelRole,
     pub model: Arc<Model>,
     pub stats: Arc<EngineStats>,
     /// Requests accepted and not yet finished (queued in the channel, waiting or running).
@@ -86,7 +87,12 @@ impl std::fmt::Debug for EngineWorker {
 
 impl EngineWorker {
     /// Start the engine thread for `model`.
-    pub fn spawn(name: &str, role: &str, model: Arc<Model>, config: EngineConfig) -> Result<Self> {
+    pub fn spawn(
+        name: &str,
+        role: ModelRole,
+        model: Arc<Model>,
+        config: EngineConfig,
+    ) -> Result<Self> {
         let engine = LlmEngine::new(model.clone(), config)?;
         let stats = Arc::new(EngineStats::default());
         publish(&engine, &stats);
@@ -97,7 +103,7 @@ impl EngineWorker {
             .spawn(move || run(engine, rx, &thread_stats))?;
         Ok(Self {
             name: name.to_string(),
-            role: role.to_string(),
+            role,
             model,
             stats,
             pending: AtomicUsize::new(0),

@@ -185,7 +185,7 @@ async fn stop_strings_cut_the_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_guards_v1_but_not_health() {
-    let server = TestServer::start(|c| c.api_key = Some("sk-test".into())).await;
+    let server = TestServer::start(|c| c.server.api_key = Some("sk-test".into())).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/models", server.url);
     let none = client.get(&url).send().await.unwrap();
@@ -254,7 +254,7 @@ async fn a_client_that_disconnects_frees_its_blocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_429() {
-    let server = TestServer::start(|c| c.max_pending_requests = 1).await;
+    let server = TestServer::start(|c| c.server.max_pending_requests = 1).await;
     let mut body = chat_body("hold the slot", 4000);
     body["stream"] = json!(true);
     let busy = reqwest::Client::new()
@@ -423,7 +423,7 @@ fn bad_requests() -> Vec<(&'static str, &'static str, String, u16)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_get_client_errors_and_the_server_stays_up() {
-    let server = TestServer::start(|c| c.max_body_bytes = 64 * 1024).await;
+    let server = TestServer::start(|c| c.server.max_body_bytes = 64 * 1024).await;
     let client = reqwest::Client::new();
     let cases = bad_requests();
     assert!(cases.len() >= 25);
@@ -513,7 +513,7 @@ async fn load_test_64_streaming_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_client_works_unchanged() {
-    let server = TestServer::start(|c| c.api_key = Some("sk-python".into())).await;
+    let server = TestServer::start(|c| c.server.api_key = Some("sk-python".into())).await;
     let python = std::env::var("TRIAGE_TEST_PYTHON").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/pyenv/bin/python").to_string()
     });

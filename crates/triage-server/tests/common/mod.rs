@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::GgmlDType;
 use serde_json::Value;
+use triage_host::{ModelEntry, ServerSettings, TriageConfig};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
+use triage_router::ModelRole;
 use triage_server::routing::RoutingService;
-use triage_server::{AppState, EngineWorker, ModelEntry, ServerConfig};
+use triage_server::{AppState, EngineWorker};
 
 pub const MODEL: &str = "tiny";
 
@@ -25,17 +27,17 @@ pub struct TestServer {
 
 impl TestServer {
     /// Start on a free loopback port with `edit` applied to the default test config.
-    pub async fn start(edit: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub async fn start(edit: impl FnOnce(&mut TriageConfig)) -> Self {
         Self::start_inner(edit, false).await
     }
 
     /// Start with the routing pipeline (alias `triage`) over the tiny model, a tiny BERT
     /// embedder, and a scratch corpus store.
-    pub async fn start_routed(edit: impl FnOnce(&mut ServerConfig)) -> Self {
+    pub async fn start_routed(edit: impl FnOnce(&mut TriageConfig)) -> Self {
         Self::start_inner(edit, true).await
     }
 
-    async fn start_inner(edit: impl FnOnce(&mut ServerConfig), routed: bool) -> Self {
+    async fn start_inner(edit: impl FnOnce(&mut TriageConfig), routed: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         // A long context, so a test can start a generation that outlives its client.
@@ -44,14 +46,17 @@ impl TestServer {
             ..TinySpec::new(Architecture::Qwen2)
         };
         write_tiny_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
-        let mut config = ServerConfig {
+        let mut config = TriageConfig {
             models: vec![ModelEntry {
                 path: Some(path.display().to_string()),
                 block_size: 4,
-                ..ModelEntry::named(MODEL, "base", "2048blocks")
+                ..ModelEntry::named(MODEL, ModelRole::Base, "2048blocks")
             }],
-            shutdown_timeout_s: 5,
-            ..ServerConfig::default()
+            server: ServerSettings {
+                shutdown_timeout_s: 5,
+                ..ServerSettings::default()
+            },
+            ..TriageConfig::default()
         };
         edit(&mut config);
         config.validate().unwrap();
@@ -59,7 +64,7 @@ impl TestServer {
         let entry = &config.models[0];
         let worker = EngineWorker::spawn(
             &entry.name,
-            &entry.role,
+            entry.role,
             Arc::new(model),
             entry.engine_config().unwrap(),
         )

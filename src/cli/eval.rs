@@ -16,8 +16,7 @@ use triage_retrieval::{ChunkerConfig, CorpusStore};
 use triage_router::routing_config::{Calibration, ClassifierSetting, RagSearch, UNANSWERABLE};
 use triage_router::{Route, RoutePath, RoutingConfig};
 
-use crate::engine::{Engine, TriageConfig};
-use crate::AskRequest;
+use triage::{AskRequest, Engine, ModelRole, TriageConfig};
 
 /// The systems `triage eval` compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,7 +181,7 @@ pub fn default_edar_classifier(config: &RoutingConfig) -> ClassifierSetting {
     if config.classifier != ClassifierSetting::Off {
         return config.classifier.clone();
     }
-    let trained = crate::train::default_classifier_path();
+    let trained = crate::cli::train::default_classifier_path();
     if trained.exists() {
         ClassifierSetting::Learned(trained)
     } else {
@@ -212,8 +211,8 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         // Load the router model with the engine: it is only loaded for a zero-shot setting.
         triage_config.routing.classifier = edar.clone();
     }
-    triage_config.prefix_dir = Some(scratch.path().join("prefixes"));
-    triage_config.corpora.clear();
+    triage_config.pipeline.prefix_dir = Some(scratch.path().join("prefixes"));
+    triage_config.pipeline.corpora.clear();
     let mut engine = Engine::new(triage_config)?.with_store(scratch.path());
     // The tokenizer takes any text; were it to refuse one, 4 characters a token stands in.
     let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
@@ -269,7 +268,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         config.split.as_str()
     ));
     bar.set_position(done as u64);
-    let embedder = crate::retrieve::load_embedder(&config.config.models.embedder)?;
+    let embedder = triage::load_embedder(&config.config.pipeline.embedder)?;
     let tokenizer = embedder.model.tokenizer().clone();
     let store = CorpusStore::new(scratch.path());
     let mut previous: Vec<String> = Vec::new();
@@ -351,11 +350,19 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
 /// What makes a run directory's answers comparable: the suite's identity (name, split, seed,
 /// corpus length), the models and the routing settings. A rerun must match it to resume.
 fn manifest(config: &EvalConfig, routing: &RoutingConfig) -> Result<serde_json::Value> {
-    let mut models = serde_json::to_value(&config.config.models)?;
-    if let Some(m) = models.as_object_mut() {
-        // The KV budget changes no answer.
-        m.remove("kv_budget");
-    }
+    // The models by role, as run.json has always recorded them; the KV budget changes no
+    // answer and is left out.
+    let c = &config.config;
+    let name = |role| c.model(role).map(|m| m.spec().to_string());
+    let base = c.model(ModelRole::Base);
+    let models = serde_json::json!({
+        "router": name(ModelRole::Router),
+        "base": name(ModelRole::Base),
+        "long_context": name(ModelRole::LongContext),
+        "embedder": c.pipeline.embedder,
+        "device": base.map(|m| m.device),
+        "kv_dtype": base.and_then(|m| m.kv_dtype.clone()),
+    });
     Ok(serde_json::json!({
         "suite": config.suite.as_str(),
         "split": config.split.as_str(),
@@ -612,12 +619,8 @@ mod tests {
             Some(&calibration)
         );
         config.routing.validate().unwrap();
-        let server = triage_server::config::ServerConfig::from_toml(&text).unwrap();
-        assert_eq!(
-            server.routing.monitor.calibration,
-            Some(calibration.clone())
-        );
-        server.validate().unwrap();
+        // The server reads the same file, validated whole as `triage serve` does.
+        config.validate().unwrap();
         // Changing the estimator after calibrating is refused.
         let edited = text.replace(
             "[routing.monitor]\n",

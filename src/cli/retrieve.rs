@@ -2,51 +2,26 @@
 //! fetched MiniLM (or another sentence-transformers folder), searched through `triage-router`'s
 //! `Retriever` (the base model writes pseudo-passages and reranks).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde_json::json;
+use triage::DeviceSpec;
 use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
 use triage_milvus::{MilvusBackend, SyncReport};
-use triage_models::bert::{CrossEncoder, SentenceEmbedder};
-use triage_models::model::Model;
-use triage_models::transformer::LoadOptions;
+use triage_models::bert::CrossEncoder;
 use triage_retrieval::SearchBackend;
 use triage_retrieval::{
     load_documents, BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Embedder, IngestReport,
 };
 use triage_router::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
 
-/// The default embedder: the fetched all-MiniLM-L6-v2.
-pub const DEFAULT_EMBEDDER: &str = "minilm-l6";
+pub use triage::{load_embedder, DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER};
 
 fn store() -> CorpusStore {
     CorpusStore::new(&triage_models::paths::triage_home())
-}
-
-/// Load a sentence embedder by default-model name or folder path.
-pub fn load_embedder(name_or_path: &str) -> Result<BertEmbedder> {
-    let dir = if Path::new(name_or_path).is_dir() {
-        PathBuf::from(name_or_path)
-    } else {
-        let dir = triage_models::paths::model_dir(name_or_path);
-        if !dir.join("model.safetensors").exists() {
-            bail!(
-                "embedder {name_or_path:?} is not fetched (expected {}): run `triage models fetch {name_or_path}`",
-                dir.display()
-            );
-        }
-        dir
-    };
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| name_or_path.to_string());
-    let model = SentenceEmbedder::load(&dir, &Device::Cpu)
-        .with_context(|| format!("loading embedder {}", dir.display()))?;
-    Ok(BertEmbedder { name, model })
 }
 
 /// Ingest `paths` into `corpus`, deleting `delete`.
@@ -68,9 +43,6 @@ pub fn ingest(
     let tokenizer = embedder.model.tokenizer().clone();
     Ok(store().ingest(corpus, &docs, delete, &embedder, &tokenizer, chunker)?)
 }
-
-/// The base model that writes pseudo-passages and reranks, by default.
-pub const DEFAULT_BASE_MODEL: &str = "qwen2.5-coder-0.5b";
 
 /// What `triage retrieve` was asked.
 #[derive(Debug, Clone)]
@@ -113,9 +85,7 @@ pub fn corpus_embedder(corpus: &Corpus, name_or_path: Option<&str>) -> Result<Be
 
 /// A batching engine over the base model, sized for one query's reranking pool.
 pub fn base_engine(name_or_path: &str) -> Result<LlmEngine> {
-    let (name, path) = crate::resolve::resolve_model(name_or_path)?;
-    let model = Model::load(&name, &path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = triage::load_model(name_or_path, DeviceSpec::Cpu)?;
     let config = EngineConfig {
         kv_budget: KvBudget::Blocks(4096),
         max_num_seqs: 32,

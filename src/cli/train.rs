@@ -61,7 +61,7 @@ pub fn train_classifier(
         "{} needs rows in both the training and the held-out groups",
         data.display()
     );
-    let embedder = crate::retrieve::load_embedder(embedder_name)?;
+    let embedder = triage::load_embedder(embedder_name)?;
     let queries: Vec<&str> = train.iter().map(|r| r.query.as_str()).collect();
     let labels: Vec<QueryClass> = train.iter().map(|r| r.label).collect();
     let started = Instant::now();
@@ -136,9 +136,7 @@ fn learned_only(
 }
 
 fn engine(name: &str) -> Result<LlmEngine> {
-    let (name, path) = crate::resolve::resolve_model(name)?;
-    let model = triage_models::model::Model::load(&name, &path, &Default::default())
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = triage::load_model(name, triage::DeviceSpec::Cpu)?;
     let config = EngineConfig {
         kv_budget: KvBudget::Blocks(2048),
         ..EngineConfig::default()
@@ -177,9 +175,9 @@ pub fn train_gain_policy(
     questions: usize,
     out: Option<&Path>,
 ) -> Result<GainPolicyReport> {
-    let data = crate::bench_retrieval::load_dataset(dataset, questions)?;
-    let embedder = crate::retrieve::load_embedder(crate::retrieve::DEFAULT_EMBEDDER)?;
-    let (corpus, _) = crate::bench_retrieval::dataset_corpus(&data, questions, &embedder)?;
+    let data = crate::cli::bench_retrieval::load_dataset(dataset, questions)?;
+    let embedder = triage::load_embedder(triage::DEFAULT_EMBEDDER)?;
+    let (corpus, _) = crate::cli::bench_retrieval::dataset_corpus(&data, questions, &embedder)?;
     let mut examples = Vec::new();
     let mut held_out = 0;
     let started = Instant::now();

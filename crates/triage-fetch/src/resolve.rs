@@ -2,19 +2,18 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
-
 use crate::catalog::{self, Format};
+use crate::error::{FetchError, Result};
 
 /// Where `models fetch --data` puts the evaluation file `file`; an error naming the fetch
 /// command when it is missing.
 pub fn data_file(file: &str) -> Result<PathBuf> {
     let path = triage_models::paths::data_dir().join(file);
     if !path.exists() {
-        bail!(
+        return Err(FetchError::NotFound(format!(
             "{} is missing: run `triage models fetch --data`",
             path.display()
-        );
+        )));
     }
     Ok(path)
 }
@@ -27,13 +26,17 @@ pub fn resolve_model(name_or_path: &str) -> Result<(String, PathBuf)> {
         let path = match entry.format {
             Format::Gguf => dir.join("model.gguf"),
             Format::SafetensorsDir => dir,
-            Format::Json => bail!("{name_or_path:?} is a data set, not a model"),
+            Format::Json => {
+                return Err(FetchError::Invalid(format!(
+                    "{name_or_path:?} is a data set, not a model"
+                )))
+            }
         };
         if !path.exists() {
-            bail!(
+            return Err(FetchError::NotFound(format!(
                 "model {name_or_path:?} is not fetched yet (expected {}): run `triage models fetch`",
                 path.display()
-            );
+            )));
         }
         return Ok((entry.name.to_string(), path));
     }
@@ -49,11 +52,11 @@ pub fn resolve_model(name_or_path: &str) -> Result<(String, PathBuf)> {
         let name = name_or_path.replace('/', "--");
         return Ok((name, path));
     }
-    bail!(
+    Err(FetchError::NotFound(format!(
         "no model {name_or_path:?}: not a file or folder, not one of the default models ({}), and \
          not a Hugging Face `org/repo[/file]` in the local hub cache",
         catalog::names().join(", ")
-    )
+    )))
 }
 
 /// The hub cache folder: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
@@ -91,10 +94,32 @@ fn hf_cached(spec: &str) -> Result<Option<PathBuf>> {
         None => snapshot,
     };
     if !path.exists() {
-        bail!(
+        return Err(FetchError::NotFound(format!(
             "{spec:?} is not in the Hugging Face cache (looked for {})",
             path.display()
-        );
+        )));
     }
     Ok(Some(path))
+}
+
+/// The folder of the sentence embedder `name_or_path` (a fetched default's name or a folder) and
+/// the name it goes by (the folder's name).
+pub fn resolve_embedder(name_or_path: &str) -> Result<(String, PathBuf)> {
+    let dir = if Path::new(name_or_path).is_dir() {
+        PathBuf::from(name_or_path)
+    } else {
+        let dir = triage_models::paths::model_dir(name_or_path);
+        if !dir.join("model.safetensors").exists() {
+            return Err(FetchError::NotFound(format!(
+                "embedder {name_or_path:?} is not fetched (expected {}): run `triage models fetch {name_or_path}`",
+                dir.display()
+            )));
+        }
+        dir
+    };
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| name_or_path.to_string());
+    Ok((name, dir))
 }

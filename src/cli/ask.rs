@@ -5,8 +5,7 @@ use std::io::Write;
 use anyhow::Result;
 use serde_json::json;
 
-use crate::engine::{Engine, TriageConfig};
-use crate::{AnswerEvent, AskRequest, Route};
+use triage::{AnswerEvent, AskRequest, Engine, Route, TriageConfig};
 
 /// What `triage ask` was given.
 #[derive(Debug, Clone)]
@@ -25,8 +24,8 @@ pub struct AskCommand {
 pub fn ask(cmd: &AskCommand) -> Result<()> {
     // Only the asked corpus is loaded.
     let mut config = cmd.config.clone();
-    config.corpora = vec![cmd.corpus.clone()];
-    let mut engine = Engine::new(config)?;
+    config.pipeline.corpora = vec![cmd.corpus.clone()];
+    let engine = Engine::new(config)?;
     let request = AskRequest {
         corpus: cmd.corpus.clone(),
         question: cmd.question.clone(),

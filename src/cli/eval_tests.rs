@@ -2,11 +2,9 @@
 //! generated suite, the oracle is derived, the report, its JSON and its figures are written, and
 //! an interrupted run resumes without asking again what it already has.
 
-mod common;
-
 use std::path::Path;
 
-use triage::eval::{self, EvalConfig, System};
+use super::eval::{self, EvalConfig, System};
 use triage_eval::suites::{Split, SuiteName};
 use triage_router::routing_config::ClassifierSetting;
 
@@ -19,7 +17,7 @@ fn config(dir: &Path, out: &Path) -> EvalConfig {
         seed: 1,
         split: Split::Dev,
         context_tokens: 1_200,
-        config: common::tiny_config(dir),
+        config: triage_host::fixtures::tiny_config(dir).unwrap(),
         edar_classifier: ClassifierSetting::Off,
         quiet: true,
     }

@@ -15,7 +15,7 @@ use triage_retrieval::{
 };
 use triage_router::{write_pseudo_passages, LlmReranker, PSEUDO_PASSAGE_TOKENS};
 
-use crate::resolve::data_file;
+use triage_fetch::data_file;
 
 /// Cut-offs reported.
 pub const KS: [usize; 3] = [2, 5, 10];
@@ -202,7 +202,7 @@ fn llm_arms(
     examples: &[QaExample],
     model: &str,
 ) -> Result<BTreeMap<&'static str, Rankings>> {
-    let mut engine = crate::retrieve::base_engine(model)?;
+    let mut engine = crate::cli::retrieve::base_engine(model)?;
     let mut arms: BTreeMap<&'static str, Rankings> = BTreeMap::new();
     let started = Instant::now();
     for (i, batch) in examples.chunks(PSEUDO_BATCH).enumerate() {
@@ -248,7 +248,7 @@ fn llm_arms(
 
 pub fn run(config: &RetrievalBenchConfig) -> Result<RetrievalBench> {
     let data = load(config)?;
-    let embedder = crate::retrieve::load_embedder(&config.embedder)?;
+    let embedder = triage::load_embedder(&config.embedder)?;
     eprintln!(
         "{}: ingesting {} documents",
         data.name,

@@ -2,6 +2,15 @@
 
 use std::path::{Path, PathBuf};
 
+/// The model that answers (and writes pseudo-passages, reranks) by default.
+pub const DEFAULT_BASE_MODEL: &str = "qwen2.5-coder-0.5b";
+/// The model that answers over a whole corpus by default.
+pub const DEFAULT_LONG_CONTEXT_MODEL: &str = "qwen2.5-coder-1.5b";
+/// The zero-shot query classifier by default.
+pub const DEFAULT_ROUTER_MODEL: &str = "smollm2-135m";
+/// The default sentence embedder: the fetched all-MiniLM-L6-v2.
+pub const DEFAULT_EMBEDDER: &str = "minilm-l6";
+
 /// What a catalog entry is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {

@@ -1,0 +1,528 @@
+//! `TriageConfig`: the one configuration file of triage, read by `triage serve`, the other
+//! commands and `triage::Engine`: the models by role (`[[models]]`), the pipeline's embedder and
+//! corpora (`[pipeline]`), the stages' settings (`[routing]`), and the server's listener and
+//! limits (top-level keys, read by the server only).
+//!
+//! The library's earlier file spelled three things differently; they still load, each with a
+//! deprecation warning: a `[models]` table of role = name (now `[[models]]` entries with a
+//! `role`), `[models] embedder` (now `[pipeline] embedder`), and top-level `corpora` and
+//! `prefix_dir` (now in `[pipeline]`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer};
+use triage_engine::llm_engine::{EngineConfig, KvBudget};
+use triage_fetch::{
+    DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
+};
+use triage_models::device::{parse_kv_dtype, DeviceSpec};
+use triage_router::routing_config::ClassifierSetting;
+use triage_router::{ModelRole, RoutingConfig};
+
+use crate::error::{HostError, Result};
+
+/// The spelling of a role in the config file (`long-context`; `long_context` is read too).
+pub fn role_name(role: ModelRole) -> &'static str {
+    match role {
+        ModelRole::Router => "router",
+        ModelRole::Base => "base",
+        ModelRole::LongContext => "long-context",
+    }
+}
+
+fn parse_role(text: &str) -> Option<ModelRole> {
+    match text {
+        "router" => Some(ModelRole::Router),
+        "base" => Some(ModelRole::Base),
+        "long-context" | "long_context" => Some(ModelRole::LongContext),
+        _ => None,
+    }
+}
+
+fn deserialize_role<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<ModelRole, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_role(&text).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "unknown role {text:?}: expected \"base\", \"long-context\" or \"router\""
+        ))
+    })
+}
+
+/// One model to load.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// The id clients put in `"model"`; also a default model's name when `path` is absent.
+    pub name: String,
+    /// A GGUF file, a safetensors folder, or a hub id (see `triage models`); default: `name`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// What the routing pipeline uses it for: `base`, `long-context` or `router`. The first
+    /// entry of each role plays it; without a `long-context` or `router` entry the base model
+    /// plays that role too. A router loads only when a zero-shot classifier needs it.
+    #[serde(default = "default_role", deserialize_with = "deserialize_role")]
+    pub role: ModelRole,
+    /// KV-cache budget: `"512MiB"`, `"2GiB"`, `"0.3"` (fraction of free memory), `"4096blocks"`.
+    #[serde(default = "default_kv_budget")]
+    pub kv_budget: String,
+    #[serde(default = "default_block_size")]
+    pub block_size: usize,
+    #[serde(default = "default_max_num_seqs")]
+    pub max_num_seqs: usize,
+    #[serde(default = "default_max_num_batched_tokens")]
+    pub max_num_batched_tokens: usize,
+    /// Where the model runs: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// KV-cache dtype: `"bf16"`, `"f16"` or `"f32"`; default bf16 on a GPU, f32 on the CPU.
+    #[serde(default)]
+    pub kv_dtype: Option<String>,
+}
+
+fn default_role() -> ModelRole {
+    ModelRole::Base
+}
+fn default_kv_budget() -> String {
+    "1GiB".into()
+}
+fn default_block_size() -> usize {
+    16
+}
+fn default_max_num_seqs() -> usize {
+    64
+}
+fn default_max_num_batched_tokens() -> usize {
+    2048
+}
+
+impl ModelEntry {
+    /// A model with every setting at its default.
+    pub fn named(name: &str, role: ModelRole, kv_budget: &str) -> Self {
+        Self {
+            name: name.into(),
+            path: None,
+            role,
+            kv_budget: kv_budget.into(),
+            block_size: default_block_size(),
+            max_num_seqs: default_max_num_seqs(),
+            max_num_batched_tokens: default_max_num_batched_tokens(),
+            device: DeviceSpec::Cpu,
+            kv_dtype: None,
+        }
+    }
+
+    /// What to resolve to a file: the path, else the name.
+    pub fn spec(&self) -> &str {
+        self.path.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The engine settings this entry asks for.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let invalid = |e: String| HostError::Config(format!("model {:?}: {e}", self.name));
+        let kv_budget: KvBudget = self
+            .kv_budget
+            .parse()
+            .map_err(|e: triage_engine::EngineError| invalid(e.to_string()))?;
+        if self.block_size == 0 || self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
+            return Err(invalid(
+                "block_size, max_num_seqs and max_num_batched_tokens must be positive".into(),
+            ));
+        }
+        let kv_dtype = match &self.kv_dtype {
+            Some(name) => Some(parse_kv_dtype(name).map_err(|e| invalid(e.to_string()))?),
+            None => None,
+        };
+        Ok(EngineConfig {
+            kv_budget,
+            block_size: self.block_size,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            prefix_caching: true,
+            kv_dtype,
+        })
+    }
+}
+
+/// How the routing pipeline is offered, and what it answers from.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineSettings {
+    /// Offer it on the server (it also needs a model with role `base`).
+    pub enabled: bool,
+    /// The `model` name that selects it in chat completions.
+    pub alias: String,
+    /// The sentence embedder of its corpora (a default model's name or a folder).
+    pub embedder: String,
+    /// Corpora loaded (and their long-context prefixes pinned) at start; others load on first
+    /// use.
+    pub corpora: Vec<String>,
+    /// Where pinned corpus prefixes are persisted; default `$TRIAGE_HOME/prefixes`.
+    pub prefix_dir: Option<PathBuf>,
+}
+
+impl Default for PipelineSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            alias: "triage".into(),
+            embedder: DEFAULT_EMBEDDER.into(),
+            corpora: Vec::new(),
+            prefix_dir: None,
+        }
+    }
+}
+
+impl PipelineSettings {
+    /// Where pinned prefixes go: the configured folder, else `$TRIAGE_HOME/prefixes`.
+    pub fn prefix_dir(&self) -> PathBuf {
+        self.prefix_dir
+            .clone()
+            .unwrap_or_else(|| triage_models::paths::triage_home().join("prefixes"))
+    }
+}
+
+/// What `triage serve` listens on and how much it accepts (read by the server only).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    pub host: String,
+    pub port: u16,
+    /// When set, every `/v1/*` request needs `Authorization: Bearer <api_key>`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// Requests a model may hold, queued or running, before new ones get 429.
+    pub max_pending_requests: usize,
+    /// After SIGTERM/Ctrl-C, how long in-flight requests may take before the server exits.
+    pub shutdown_timeout_s: u64,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            max_body_bytes: 16 * 1024 * 1024,
+            max_pending_requests: 256,
+            shutdown_timeout_s: 30,
+        }
+    }
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TriageConfig {
+    pub server: ServerSettings,
+    pub models: Vec<ModelEntry>,
+    pub pipeline: PipelineSettings,
+    pub routing: RoutingConfig,
+    /// Old spellings this file used, each with what to write instead (logged when read).
+    pub deprecated: Vec<String>,
+}
+
+/// The fetched default models: the 0.5B answers, the 1.5B takes long contexts, the 135M
+/// classifies queries zero-shot (loaded only for a zero-shot classifier).
+fn default_models() -> Vec<ModelEntry> {
+    vec![
+        ModelEntry::named(DEFAULT_BASE_MODEL, ModelRole::Base, "1GiB"),
+        ModelEntry::named(DEFAULT_LONG_CONTEXT_MODEL, ModelRole::LongContext, "2GiB"),
+        ModelEntry::named(DEFAULT_ROUTER_MODEL, ModelRole::Router, "1GiB"),
+    ]
+}
+
+impl Default for TriageConfig {
+    fn default() -> Self {
+        Self {
+            server: ServerSettings::default(),
+            models: default_models(),
+            pipeline: PipelineSettings::default(),
+            routing: RoutingConfig::default(),
+            deprecated: Vec::new(),
+        }
+    }
+}
+
+/// The file as written, old spellings included.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawConfig {
+    host: Option<String>,
+    port: Option<u16>,
+    api_key: Option<String>,
+    max_body_bytes: Option<usize>,
+    max_pending_requests: Option<usize>,
+    shutdown_timeout_s: Option<u64>,
+    models: Option<toml::Value>,
+    pipeline: Option<PipelineSettings>,
+    routing: RoutingConfig,
+    /// Deprecated: `[pipeline] corpora`.
+    corpora: Option<Vec<String>>,
+    /// Deprecated: `[pipeline] prefix_dir`.
+    prefix_dir: Option<PathBuf>,
+}
+
+/// The library's earlier `[models]` table: a model name per role, one budget and device for all.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RoleTable {
+    router: Option<String>,
+    base: Option<String>,
+    long_context: Option<String>,
+    embedder: Option<String>,
+    kv_budget: Option<String>,
+    device: DeviceSpec,
+    kv_dtype: Option<String>,
+}
+
+impl RoleTable {
+    /// The entries it means: roles naming the base model share its entry.
+    fn entries(&self) -> Vec<ModelEntry> {
+        let kv_budget = self.kv_budget.as_deref().unwrap_or("1GiB");
+        let base = self.base.as_deref().unwrap_or(DEFAULT_BASE_MODEL);
+        let roles = [
+            (ModelRole::Base, base),
+            (
+                ModelRole::LongContext,
+                self.long_context
+                    .as_deref()
+                    .unwrap_or(DEFAULT_LONG_CONTEXT_MODEL),
+            ),
+            (
+                ModelRole::Router,
+                self.router.as_deref().unwrap_or(DEFAULT_ROUTER_MODEL),
+            ),
+        ];
+        let mut entries: Vec<ModelEntry> = Vec::new();
+        for (role, name) in roles {
+            if entries.iter().any(|e| e.name == name) {
+                continue;
+            }
+            entries.push(ModelEntry {
+                device: self.device,
+                kv_dtype: self.kv_dtype.clone(),
+                ..ModelEntry::named(name, role, kv_budget)
+            });
+        }
+        entries
+    }
+}
+
+fn config_error(e: impl std::fmt::Display) -> HostError {
+    HostError::Config(e.to_string())
+}
+
+impl RawConfig {
+    fn into_config(self) -> Result<TriageConfig> {
+        let defaults = ServerSettings::default();
+        let mut deprecated = Vec::new();
+        let mut pipeline = self.pipeline.unwrap_or_default();
+        let models = match self.models {
+            None => default_models(),
+            Some(toml::Value::Array(_)) => {
+                let value = self.models.unwrap_or(toml::Value::Array(Vec::new()));
+                value
+                    .try_into::<Vec<ModelEntry>>()
+                    .map_err(|e| config_error(format!("[[models]]: {e}")))?
+            }
+            Some(value @ toml::Value::Table(_)) => {
+                let table: RoleTable = value
+                    .try_into()
+                    .map_err(|e| config_error(format!("[models]: {e}")))?;
+                deprecated.push(
+                    "a [models] table of role = name: write one [[models]] entry per model, \
+                     with name and role (\"base\", \"long-context\", \"router\")"
+                        .to_string(),
+                );
+                if let Some(embedder) = &table.embedder {
+                    deprecated.push("[models] embedder: write [pipeline] embedder".to_string());
+                    pipeline.embedder = embedder.clone();
+                }
+                table.entries()
+            }
+            Some(other) => {
+                return Err(config_error(format!(
+                    "models must be [[models]] entries, not {}",
+                    other.type_str()
+                )))
+            }
+        };
+        if let Some(corpora) = self.corpora {
+            deprecated.push("top-level corpora: write [pipeline] corpora".to_string());
+            pipeline.corpora.extend(corpora);
+        }
+        if let Some(dir) = self.prefix_dir {
+            deprecated.push("top-level prefix_dir: write [pipeline] prefix_dir".to_string());
+            pipeline.prefix_dir = Some(dir);
+        }
+        Ok(TriageConfig {
+            server: ServerSettings {
+                host: self.host.unwrap_or(defaults.host),
+                port: self.port.unwrap_or(defaults.port),
+                api_key: self.api_key,
+                max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+                max_pending_requests: self
+                    .max_pending_requests
+                    .unwrap_or(defaults.max_pending_requests),
+                shutdown_timeout_s: self
+                    .shutdown_timeout_s
+                    .unwrap_or(defaults.shutdown_timeout_s),
+            },
+            models,
+            pipeline,
+            routing: self.routing,
+            deprecated,
+        })
+    }
+}
+
+impl TriageConfig {
+    /// Parse a TOML config; unknown keys are errors (a typo should not be silently ignored).
+    /// Old spellings are accepted, listed in `deprecated` and logged as warnings.
+    pub fn from_toml_str(text: &str) -> Result<Self> {
+        let raw: RawConfig = toml::from_str(text).map_err(config_error)?;
+        let config = raw.into_config()?;
+        for old in &config.deprecated {
+            tracing::warn!("deprecated config spelling, {old}");
+        }
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Read and parse a TOML config file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| HostError::Config(format!("reading {}: {e}", path.display())))?;
+        Self::from_toml_str(&text).map_err(|e| match e {
+            HostError::Config(m) => HostError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// The file at `path` (or the defaults) with the command line's model overrides.
+    pub fn load_with(
+        path: Option<&Path>,
+        base: Option<&str>,
+        long_context: Option<&str>,
+        device: Option<DeviceSpec>,
+    ) -> Result<Self> {
+        let mut config = match path {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        if let Some(base) = base {
+            config.set_model(ModelRole::Base, base);
+        }
+        if let Some(lc) = long_context {
+            config.set_model(ModelRole::LongContext, lc);
+        }
+        if let Some(device) = device {
+            config.set_device(device);
+        }
+        config.check()?;
+        Ok(config)
+    }
+
+    /// The entry that plays `role`: the first with that role, else (for the long-context and
+    /// router roles) the base model's.
+    pub fn model(&self, role: ModelRole) -> Option<&ModelEntry> {
+        let first = |r: ModelRole| self.models.iter().find(|m| m.role == r);
+        first(role).or_else(|| first(ModelRole::Base))
+    }
+
+    /// Let `name_or_path` play `role`, replacing the entry that played it. A model that already
+    /// has an entry keeps it (one engine), and the role falls back to it.
+    pub fn set_model(&mut self, role: ModelRole, name_or_path: &str) {
+        let template = self.model(role).cloned();
+        let first = self.models.iter().position(|m| m.role == role);
+        if let Some(i) = first {
+            self.models.remove(i);
+        }
+        if let Some(existing) = self.models.iter_mut().find(|m| m.spec() == name_or_path) {
+            if role == ModelRole::Base {
+                existing.role = ModelRole::Base;
+            }
+            return;
+        }
+        let mut entry = template.unwrap_or_else(|| ModelEntry::named("", role, "1GiB"));
+        entry.name = name_or_path.to_string();
+        entry.path = None;
+        entry.role = role;
+        let at = first.unwrap_or(self.models.len()).min(self.models.len());
+        self.models.insert(at, entry);
+    }
+
+    /// Give every model the KV-cache budget `budget`.
+    pub fn set_kv_budget(&mut self, budget: &str) {
+        self.models
+            .iter_mut()
+            .for_each(|m| m.kv_budget = budget.to_string());
+    }
+
+    /// Run every model on `device`.
+    pub fn set_device(&mut self, device: DeviceSpec) {
+        self.models.iter_mut().for_each(|m| m.device = device);
+    }
+
+    /// Whether the routing settings classify with the router model.
+    pub fn needs_router(&self) -> bool {
+        needs_router(&self.routing)
+    }
+
+    /// The entries to load: all but a router that no zero-shot classifier needs.
+    pub fn models_to_load(&self) -> impl Iterator<Item = &ModelEntry> {
+        let router = self.needs_router();
+        self.models
+            .iter()
+            .filter(move |m| router || m.role != ModelRole::Router)
+    }
+
+    /// Check everything: [`TriageConfig::check`] and the routing settings (which building a
+    /// pipeline also checks).
+    pub fn validate(&self) -> Result<()> {
+        self.check()?;
+        self.routing
+            .validate()
+            .map_err(|e| config_error(format!("[routing]: {e}")))
+    }
+
+    /// Check what serde cannot, short of the routing settings: at least one model, unique
+    /// names, sane limits.
+    pub fn check(&self) -> Result<()> {
+        if self.models.is_empty() {
+            return Err(config_error("no models configured"));
+        }
+        for (i, m) in self.models.iter().enumerate() {
+            if self.models[..i].iter().any(|o| o.name == m.name) {
+                return Err(config_error(format!("model {:?} listed twice", m.name)));
+            }
+            m.engine_config()?;
+        }
+        let s = &self.server;
+        if s.max_body_bytes == 0 || s.max_pending_requests == 0 {
+            return Err(config_error(
+                "max_body_bytes and max_pending_requests must be positive",
+            ));
+        }
+        if matches!(&s.api_key, Some(k) if k.is_empty()) {
+            return Err(config_error("api_key must not be empty"));
+        }
+        if self.pipeline.enabled && self.models.iter().any(|m| m.name == self.pipeline.alias) {
+            return Err(config_error(format!(
+                "the pipeline alias {:?} is also a model name",
+                self.pipeline.alias
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `routing` classifies with the router model.
+pub fn needs_router(routing: &RoutingConfig) -> bool {
+    matches!(
+        routing.classifier,
+        ClassifierSetting::ZeroShot | ClassifierSetting::ZeroShotThreshold(_)
+    )
+}
+
+#[cfg(test)]
+mod tests;

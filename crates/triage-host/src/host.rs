@@ -1,0 +1,207 @@
+//! `Host`: the routing pipeline, its models and its corpora in one value, whatever runs the
+//! models. `triage::Engine` is a host over engines in the caller's thread; the server's is a
+//! host over its engine threads.
+
+use std::path::{Path, PathBuf};
+
+use triage_retrieval::{BertEmbedder, Corpus, Document};
+use triage_router::decision::DecisionRecord;
+use triage_router::{
+    Answer, AnswerEvent, AskRequest, Generator, ModelRole, Pipeline, RoutingConfig,
+};
+
+use crate::config::needs_router;
+use crate::error::{HostError, Result};
+use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange};
+
+/// How a host reaches its models: it lends the pipeline a [`Generator`] for one call.
+pub trait ModelAccess: Send + Sync {
+    /// Run `f` with a generator over the role models.
+    fn with_generator<R>(&self, f: impl FnOnce(&mut dyn Generator) -> R) -> Result<R>;
+}
+
+/// The pipeline, the models it reaches through `M`, and the corpora it answers from.
+pub struct Host<M> {
+    models: M,
+    pipeline: Pipeline,
+    corpora: CorpusRegistry,
+}
+
+impl<M> std::fmt::Debug for Host<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("corpora", &self.corpora.names().unwrap_or_default())
+            .finish()
+    }
+}
+
+impl<M: ModelAccess> Host<M> {
+    /// A host over `models` routing with `routing`, its corpora from the store under
+    /// `data_dir`. Loads no corpus: see [`Host::load_corpora`].
+    pub fn with_models(
+        models: M,
+        routing: RoutingConfig,
+        embedder: BertEmbedder,
+        data_dir: &Path,
+        prefix_dir: PathBuf,
+    ) -> Result<Self> {
+        Ok(Self {
+            models,
+            pipeline: Pipeline::new(routing)?,
+            corpora: CorpusRegistry::new(data_dir, prefix_dir, embedder),
+        })
+    }
+
+    /// Load `names` (at start), logging each.
+    pub fn load_corpora(&self, names: &[String]) -> Result<()> {
+        for name in names {
+            let summary = self.load_corpus(name)?;
+            tracing::info!(corpus = %name, prefix_tokens = ?summary.prefix_tokens, pinned = ?summary.pinned_from, "corpus ready");
+        }
+        Ok(())
+    }
+
+    /// Use a corpus store other than `$TRIAGE_HOME/corpora` (tests, tools).
+    pub fn with_store(mut self, data_dir: &Path) -> Self {
+        self.corpora.set_store(data_dir);
+        self
+    }
+
+    pub fn models(&self) -> &M {
+        &self.models
+    }
+
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    pub fn embedder(&self) -> &BertEmbedder {
+        self.corpora.embedder()
+    }
+
+    /// Route the next questions with other settings (the evaluation harness runs several
+    /// systems over one set of loaded models). A zero-shot classifier needs the router model.
+    pub fn set_routing(&mut self, routing: RoutingConfig) -> Result<()> {
+        if needs_router(&routing) {
+            self.models
+                .with_generator(|g| g.model(ModelRole::Router).map(|_| ()))?
+                .map_err(|_| {
+                    HostError::Config(
+                        "a zero-shot classifier needs the router model: start the engine with it"
+                            .into(),
+                    )
+                })?;
+        }
+        self.pipeline = Pipeline::new(routing)?;
+        Ok(())
+    }
+
+    /// Open the corpus `name` and pin its prefix in the long-context model (from the cache, from
+    /// the persisted file, or prefilled now and saved). A corpus too long for the model loads
+    /// without the long-context path.
+    pub fn load_corpus(&self, name: &str) -> Result<CorpusSummary> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.load(g, routing, name))?
+    }
+
+    /// Make an already opened corpus answerable.
+    pub fn add_corpus(&self, corpus: Corpus) -> Result<CorpusSummary> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.add(g, routing, corpus))?
+    }
+
+    /// Stop answering from `name` and release its pinned prefix.
+    pub fn unload_corpus(&self, name: &str) -> Result<()> {
+        self.models
+            .with_generator(|g| self.corpora.unload(g, name))?
+    }
+
+    /// Names of the loaded corpora.
+    pub fn corpora(&self) -> Result<Vec<String>> {
+        self.corpora.names()
+    }
+
+    /// The loaded corpora.
+    pub fn list_corpora(&self) -> Result<Vec<CorpusSummary>> {
+        self.corpora.list()
+    }
+
+    /// Create a corpus (a conflict if it exists) with `documents`.
+    pub fn create_corpus(&self, name: &str, documents: &[Document]) -> Result<DocumentsChange> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.create(g, routing, name, documents))?
+    }
+
+    /// Add or replace documents of an existing corpus.
+    pub fn add_documents(&self, name: &str, documents: &[Document]) -> Result<DocumentsChange> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.add_documents(g, routing, name, documents))?
+    }
+
+    /// Delete documents by id from an existing corpus.
+    pub fn delete_documents(&self, name: &str, ids: &[String]) -> Result<DocumentsChange> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.delete_documents(g, routing, name, ids))?
+    }
+
+    /// The documents of a corpus.
+    pub fn list_documents(&self, name: &str) -> Result<Vec<DocumentSummary>> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.list_documents(g, routing, name))?
+    }
+
+    /// The number of tokens of `text` for the long-context model (what corpus lengths are
+    /// measured in).
+    pub fn count_tokens(&self, text: &str) -> Result<usize> {
+        let model = self
+            .models
+            .with_generator(|g| g.model(ModelRole::LongContext))??;
+        let ids = model
+            .tokenizer
+            .encode(text, false, false)
+            .map_err(triage_router::RouterError::from)?;
+        Ok(ids.len())
+    }
+
+    /// Answer one question.
+    pub fn ask(&self, request: &AskRequest) -> Result<Answer> {
+        self.ask_stream(request, |_| {})
+    }
+
+    /// Answer one question, passing the answer's path and text to `on_event` as they are decided
+    /// and generated. A corpus in the store that is not loaded yet is loaded first.
+    pub fn ask_stream(
+        &self,
+        request: &AskRequest,
+        mut on_event: impl FnMut(AnswerEvent),
+    ) -> Result<Answer> {
+        let routing = &self.pipeline.config;
+        self.models.with_generator(|g| {
+            let loaded = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let view = loaded.view(&request.corpus);
+            let answer =
+                self.pipeline
+                    .ask(g, self.corpora.embedder(), &view, request, &mut on_event)?;
+            Ok(answer)
+        })?
+    }
+
+    /// Decide the first path without answering.
+    pub fn plan(&self, request: &AskRequest) -> Result<DecisionRecord> {
+        let routing = &self.pipeline.config;
+        self.models.with_generator(|g| {
+            let loaded = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let view = loaded.view(&request.corpus);
+            let record = self
+                .pipeline
+                .plan(g, self.corpora.embedder(), &view, request)?;
+            Ok(record)
+        })?
+    }
+}

@@ -1,0 +1,78 @@
+//! `triage serve`: the config with the command line's overrides, the server's models and
+//! pipeline started, then the OpenAI-compatible API until Ctrl-C or SIGTERM.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use triage::{DeviceSpec, ModelEntry, ModelRole, TriageConfig};
+use triage_server::startup::{routing_service, start_workers};
+use triage_server::{AppState, EngineWorker};
+
+/// Command-line overrides of the config file.
+#[derive(Debug, Default)]
+pub struct ServeOverrides {
+    pub config: Option<PathBuf>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub api_key: Option<String>,
+    /// Serve these models (names or paths) instead of the config's list.
+    pub models: Vec<String>,
+    /// Run every model on this device instead of each entry's `device`.
+    pub device: Option<DeviceSpec>,
+}
+
+/// The config file (or the defaults) with the command line's overrides applied.
+pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
+    let mut config = match &o.config {
+        Some(path) => TriageConfig::from_file(path)?,
+        None => TriageConfig::default(),
+    };
+    if let Some(host) = o.host {
+        config.server.host = host;
+    }
+    if let Some(port) = o.port {
+        config.server.port = port;
+    }
+    if o.api_key.is_some() {
+        config.server.api_key = o.api_key;
+    }
+    if !o.models.is_empty() {
+        config.models = o
+            .models
+            .iter()
+            .map(|m| ModelEntry {
+                path: Some(m.clone()),
+                ..ModelEntry::named(m, ModelRole::Base, "1GiB")
+            })
+            .collect();
+    }
+    if let Some(device) = o.device {
+        config.set_device(device);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Run the server until a shutdown signal.
+pub fn serve(overrides: ServeOverrides) -> Result<()> {
+    let config = server_config(overrides)?;
+    let workers: Vec<Arc<EngineWorker>> =
+        start_workers(&config)?.into_iter().map(Arc::new).collect();
+    let routing = routing_service(&config, &workers)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", config.server.host, config.server.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        let bound = listener.local_addr().context("reading the bound address")?;
+        tracing::info!(addr = %bound, auth = config.server.api_key.is_some(), "serving the OpenAI API");
+        let state = AppState::with_routing(config, workers, routing);
+        triage_server::serve(state, listener, triage_server::shutdown_signal()).await?;
+        Ok(())
+    })
+}
