@@ -107,3 +107,103 @@ impl HoldBack {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ESCALATE: Decision = Decision::Escalate { at_step: 2 };
+
+    /// Feed `pieces` with their decisions, then finish with `text` if the answer stands; returns
+    /// the events the client saw and whether generation would have gone on after each piece.
+    fn stream(
+        release: Release,
+        stop_on_escalate: bool,
+        pieces: &[(&str, Decision)],
+        stands_as: Option<&str>,
+    ) -> (Vec<AnswerEvent>, Vec<bool>) {
+        let mut events = Vec::new();
+        let mut sink = |e| events.push(e);
+        let mut hold = HoldBack::start(RoutePath::Rag, release, stop_on_escalate, &mut sink);
+        let go_on: Vec<bool> = pieces
+            .iter()
+            .map(|(piece, decision)| hold.step(piece, *decision, &mut sink))
+            .collect();
+        if let Some(text) = stands_as {
+            hold.finish(text, &mut sink);
+        }
+        (events, go_on)
+    }
+
+    fn route() -> AnswerEvent {
+        AnswerEvent::Route(RoutePath::Rag)
+    }
+
+    fn delta(text: &str) -> AnswerEvent {
+        AnswerEvent::Delta(text.to_string())
+    }
+
+    #[test]
+    fn held_text_is_released_after_the_route_once_the_monitor_accepts() {
+        let pieces = [
+            ("Paris", Decision::Continue),
+            (" is", Decision::Accept),
+            (" big", Decision::Accept),
+        ];
+        let (events, go_on) = stream(Release::OnAccept, true, &pieces, Some("Paris is big"));
+        assert_eq!(events, [route(), delta("Paris is"), delta(" big")]);
+        assert_eq!(go_on, [true, true, true]);
+    }
+
+    #[test]
+    fn nothing_is_released_from_an_answer_that_escalates() {
+        let pieces = [("Maybe", Decision::Continue), (" Lyon", ESCALATE)];
+        let (events, go_on) = stream(Release::OnAccept, true, &pieces, None);
+        assert_eq!(events, []);
+        assert_eq!(go_on, [true, false], "an escalation stops generation");
+        let (events, go_on) = stream(Release::OnAccept, false, &pieces, None);
+        assert_eq!(events, []);
+        assert_eq!(go_on, [true, true], "unless configured to run on");
+    }
+
+    #[test]
+    fn streaming_from_the_start_announces_first_and_never_stops() {
+        let pieces = [("Maybe", Decision::Continue), (" Lyon", ESCALATE)];
+        let (events, go_on) = stream(Release::Immediately, true, &pieces, Some("Maybe Lyon"));
+        assert_eq!(events, [route(), delta("Maybe"), delta(" Lyon")]);
+        assert_eq!(go_on, [true, true]);
+    }
+
+    #[test]
+    fn the_tail_the_engine_kept_to_the_end_is_flushed() {
+        // A stop-string prefix (".") and the rest of a character split across tokens ("é") reach
+        // the client only in the final text.
+        let pieces = [("Caf", Decision::Accept), ("", Decision::Accept)];
+        let (events, _) = stream(Release::OnAccept, true, &pieces, Some("Café."));
+        assert_eq!(events, [route(), delta("Caf"), delta(""), delta("é.")]);
+        let (events, _) = stream(Release::Immediately, true, &pieces, Some("Caf"));
+        assert_eq!(events, [route(), delta("Caf"), delta("")], "no empty tail");
+    }
+
+    #[test]
+    fn an_answer_still_held_at_the_end_is_sent_whole_if_it_stands() {
+        // The combined score needs the whole answer, so even an accepting monitor releases
+        // nothing until the end.
+        let pieces = [("Paris", Decision::Accept), (" is", Decision::Accept)];
+        let (events, go_on) = stream(Release::AtEnd, true, &pieces, Some("Paris is"));
+        assert_eq!(events, [route(), delta("Paris is")]);
+        assert_eq!(go_on, [true, true]);
+        let (events, _) = stream(Release::AtEnd, true, &pieces, None);
+        assert_eq!(events, [], "and nothing when it escalates");
+    }
+
+    #[test]
+    fn a_declining_answer_is_not_released_under_self_route() {
+        let pieces = [("Unanswerable", Decision::Accept), (".", Decision::Accept)];
+        let (events, _) = stream(Release::OnAcceptUnlessDeclined, true, &pieces, None);
+        assert_eq!(events, []);
+        let pieces = [("Paris", Decision::Accept)];
+        let (events, _) = stream(Release::OnAcceptUnlessDeclined, true, &pieces, None);
+        assert_eq!(events, [route(), delta("Paris")]);
+    }
+}
