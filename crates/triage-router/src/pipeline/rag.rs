@@ -1,0 +1,250 @@
+//! The RAG stage: retrieve, answer with the base model under the entropy monitor (its text held
+//! back while it may still escalate), judge the finished answer and record what the monitor saw.
+
+use std::time::Instant;
+
+use triage_engine::entropy_monitor::EntropyMonitor;
+use triage_engine::generate::{GenerateRequest, Prompt};
+use triage_models::chat_template::ChatMessage;
+use triage_retrieval::Hit;
+
+use super::escalation::{decide, CombinedVerdict, EscalationSignals, Fallback, Verdict};
+use super::hold_back::{HoldBack, Release};
+use super::prompts::{declines, rag_user, RAG_SYSTEM};
+use super::run::{greedy, ms, rag_path, usage_of, Run};
+use crate::answer_span::{AnswerSignals, AnswerSpanFilter, SpanMonitor};
+use crate::combined_score;
+use crate::decision::{MonitorRecord, TauRecord};
+use crate::error::{Result, RouterError};
+use crate::generator::{Generated, ModelRole};
+
+/// What the RAG stage produced.
+pub(super) struct RagOutcome {
+    pub generated: Generated,
+    /// Whether the answer stands (on the RAG path) or escalates (to `lc`), and why.
+    pub verdict: Verdict,
+}
+
+/// The judgement of a finished answer, with the signals the record keeps.
+struct Judged {
+    verdict: Verdict,
+    signals: AnswerSignals,
+    combined: Option<CombinedVerdict>,
+}
+
+impl Run<'_, '_> {
+    /// Retrieve, then answer with the base model under the monitor. When the answer can escalate
+    /// (`fallback` is long context), its text is held until the monitor accepts it and
+    /// generation stops at an escalation; otherwise it streams as it comes and the monitor only
+    /// records.
+    pub(super) fn rag(&mut self, hybrid: bool, fallback: Fallback) -> Result<RagOutcome> {
+        let hits = self.retrieve(hybrid)?;
+        let started = Instant::now();
+        let base = self.generator.model(ModelRole::Base)?;
+        let tau = self.tau();
+        self.check_fitted_on(&base.name)?;
+        let mut span = self.span_monitor(tau)?;
+        let can_escalate = fallback == Fallback::LongContext;
+        // A decline escalates when long context can take over (Self-Route, or abstention
+        // allowed: only long context sees everything); otherwise, with abstention allowed, it is
+        // the answer.
+        let abstain = self.config().abstain;
+        let self_route = (self.config().monitor.self_route || abstain) && can_escalate;
+        let request = self.rag_request(&hits, self_route || abstain);
+        let path = rag_path(hybrid);
+        let release = match (can_escalate, self.pipeline.combined.is_some(), self_route) {
+            (false, _, _) => Release::Immediately,
+            (true, true, _) => Release::AtEnd,
+            (true, false, true) => Release::OnAcceptUnlessDeclined,
+            (true, false, false) => Release::OnAccept,
+        };
+        let stop_on_escalate = self.config().monitor.stop_on_escalate;
+        let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
+        let (generated, hold) = self.generate_held(request, &mut span, hold)?;
+        let judged = self.judge(&generated, &mut span, tau, self_route, path, fallback)?;
+        if judged.verdict.path == path {
+            hold.finish(&generated.text, &mut *self.events);
+            self.record.path = path;
+        }
+        self.record_rag(started, &generated, &span, tau, &base.name, &judged);
+        Ok(RagOutcome {
+            generated,
+            verdict: judged.verdict,
+        })
+    }
+
+    /// τ and the combined score were fitted on one model's answers; refuse another's.
+    fn check_fitted_on(&self, base: &str) -> Result<()> {
+        if let Some(c) = &self.config().monitor.calibration {
+            if c.model != base {
+                return Err(RouterError::Invalid(format!(
+                    "τ was calibrated on {:?}, the base model is {:?}: run triage calibrate \
+                     for this model",
+                    c.model, base
+                )));
+            }
+        }
+        if let Some(c) = &self.pipeline.combined {
+            if c.model.model_id != base {
+                return Err(RouterError::Invalid(format!(
+                    "the combined score was fitted on {:?}, the base model is {:?}",
+                    c.model.model_id, base
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The entropy monitor over the answer span. With the combined score the monitor only
+    /// records: the decision needs the whole answer.
+    fn span_monitor(&self, tau: f32) -> Result<SpanMonitor> {
+        let settings = &self.config().monitor;
+        let monitor_tau = if self.pipeline.combined.is_some() {
+            f32::MAX
+        } else {
+            tau
+        };
+        let monitor = EntropyMonitor::new(
+            monitor_tau,
+            settings.window,
+            settings.estimator,
+            settings.unit,
+        )?;
+        let filter = AnswerSpanFilter::new(&settings.preambles);
+        Ok(SpanMonitor::new(filter, monitor))
+    }
+
+    fn rag_request(&self, hits: &[Hit], decline: bool) -> GenerateRequest {
+        greedy(
+            Prompt::Chat(vec![
+                ChatMessage::new("system", RAG_SYSTEM),
+                ChatMessage::new("user", rag_user(&self.request.question, hits, decline)),
+            ]),
+            self.max_tokens(self.config().rag_max_tokens),
+            2,
+        )
+    }
+
+    /// Generate under the monitor, each piece going through `hold`.
+    fn generate_held(
+        &mut self,
+        request: GenerateRequest,
+        span: &mut SpanMonitor,
+        mut hold: HoldBack,
+    ) -> Result<(Generated, HoldBack)> {
+        let mut failure = None;
+        let events = &mut *self.events;
+        let generated = self
+            .generator
+            .generate(
+                ModelRole::Base,
+                &[request],
+                &mut |_, token, text| match span.observe(token) {
+                    Ok(decision) => hold.step(text, decision, events),
+                    Err(e) => {
+                        failure = Some(e);
+                        false
+                    }
+                },
+            )?
+            .remove(0);
+        match failure {
+            Some(e) => Err(e),
+            None => Ok((generated, hold)),
+        }
+    }
+
+    /// The finished answer's signals and the escalation decision on them.
+    fn judge(
+        &self,
+        generated: &Generated,
+        span: &mut SpanMonitor,
+        tau: f32,
+        self_route: bool,
+        rag_path: crate::routing_config::RoutePath,
+        fallback: Fallback,
+    ) -> Result<Judged> {
+        let settings = &self.config().monitor;
+        let monitor = span.finish();
+        let declined = self_route && declines(&generated.text);
+        let signals = AnswerSignals::from_tokens(
+            &generated.tokens,
+            &settings.preambles,
+            settings.window,
+            declined,
+        );
+        let features = self.record.retrieval.as_ref().and_then(|r| r.features);
+        let combined = match &self.pipeline.combined {
+            Some(c) => {
+                let row = combined_score::inputs(&signals, span.span_mean(), features.as_ref());
+                Some(CombinedVerdict {
+                    p_wrong: c.p_wrong(&row)?,
+                    threshold: c.model.threshold,
+                })
+            }
+            None => None,
+        };
+        let verdict = decide(&EscalationSignals {
+            monitor,
+            tau,
+            mean: span.span_mean(),
+            decided_at: span.decided_at,
+            combined,
+            // An answer without a single content token (empty, or only punctuation) answered
+            // nothing, however calm its tokens were.
+            no_content: !span.trace.iter().any(|&(_, in_span)| in_span),
+            declined,
+            rag_path,
+            fallback,
+        });
+        Ok(Judged {
+            verdict,
+            signals,
+            combined,
+        })
+    }
+
+    /// The stage's tokens and time, and what the monitor saw.
+    fn record_rag(
+        &mut self,
+        started: Instant,
+        generated: &Generated,
+        span: &SpanMonitor,
+        tau: f32,
+        base: &str,
+        judged: &Judged,
+    ) {
+        let prices = self.config().prices;
+        self.record.add_stage(
+            "rag",
+            Some(ModelRole::Base),
+            usage_of(generated),
+            ms(started),
+            &prices,
+        );
+        let settings = &self.pipeline.config.monitor;
+        let (trace, in_span): (Vec<f32>, Vec<bool>) = span.trace.iter().copied().unzip();
+        self.record.monitor = Some(MonitorRecord {
+            tau: TauRecord {
+                tau,
+                model: base.to_string(),
+                estimator: settings.estimator,
+                unit: settings.unit,
+                window: settings.window,
+            },
+            trace,
+            in_answer_span: in_span,
+            mean: span.span_mean(),
+            decided_at: span.decided_at,
+            decision: if judged.verdict.accepted {
+                "accept"
+            } else {
+                "escalate"
+            },
+            signals: judged.signals,
+            combined_p_wrong: judged.combined.map(|c| c.p_wrong),
+            combined_threshold: judged.combined.map(|c| c.threshold),
+            rag_answer: generated.text.trim().to_string(),
+        });
+    }
+}
