@@ -1,5 +1,6 @@
 //! The commands of the `triage` binary, each driving the library: private to the binary.
 
+pub mod args;
 pub mod ask;
 pub mod bench;
 pub mod bench_retrieval;
