@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use triage_eval::calibrate::{self, Floor};
 use triage_eval::report;
-use triage_eval::results::{ResultRow, ResultsFile, RowContext};
+use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
 use triage_router::routing_config::{Calibration, ClassifierSetting, RagSearch, UNANSWERABLE};
@@ -310,11 +310,19 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
                 let score = example
                     .scorer
                     .score(&answer.text, &example.golds, UNANSWERABLE);
+                let parts = AnswerParts {
+                    text: &answer.text,
+                    prompt_tokens: answer.usage.prompt_tokens,
+                    cached_prompt_tokens: answer.usage.cached_prompt_tokens,
+                    completion_tokens: answer.usage.completion_tokens,
+                    total_ms: answer.timings.total_ms,
+                    decision: &answer.decision,
+                };
                 results.append(ResultRow::from_answer(
                     &at,
                     system.as_str(),
                     example,
-                    &answer,
+                    parts,
                     score,
                 )?)?;
                 bar.inc(1);

@@ -17,7 +17,7 @@ pub mod train;
 
 pub use engine::{CorpusInfo, Engine, Error, ModelsConfig, TriageConfig};
 pub use triage_engine::entropy_monitor::{
-    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold,
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, StepValue, Threshold,
 };
 pub use triage_engine::generate::{
     generate, EntropySettings, FinishReason, GenerateRequest, GenerationOutput, Prompt, TokenOutput,

@@ -4,7 +4,7 @@
 //! accuracy floor is set and the elbow misses it, the cheapest τ that meets it.
 
 use sha2::{Digest, Sha256};
-use triage_router::routing_config::Calibration;
+use triage_types::Calibration;
 
 use crate::error::{EvalError, Result};
 use crate::results::ResultRow;

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
-use triage_router::linear::auroc;
+use triage_types::auroc;
 
 use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};

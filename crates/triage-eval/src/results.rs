@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use triage_router::{Answer, RoutePath};
+use triage_types::{DecisionRecord, RoutePath};
 
 use crate::error::{io_error, EvalError, Result};
 use crate::scoring::Score;
@@ -72,6 +72,17 @@ pub struct RowContext<'a> {
     pub group: &'a str,
 }
 
+/// What the router returned for one query, in the parts a row keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerParts<'a> {
+    pub text: &'a str,
+    pub prompt_tokens: usize,
+    pub cached_prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_ms: f64,
+    pub decision: &'a DecisionRecord,
+}
+
 fn finite(x: f32) -> Option<f64> {
     x.is_finite().then_some(f64::from(x))
 }
@@ -82,10 +93,10 @@ impl ResultRow {
         at: &RowContext<'_>,
         system: &str,
         example: &Example,
-        answer: &Answer,
+        answer: AnswerParts<'_>,
         score: Score,
     ) -> Result<Self> {
-        let d = &answer.decision;
+        let d = answer.decision;
         let monitor = d.monitor.as_ref();
         let decision = serde_json::to_value(d).map_err(|source| EvalError::Json {
             path: "decision record".into(),
@@ -101,18 +112,18 @@ impl ResultRow {
             kind: example.kind.clone(),
             depth: example.depth,
             golds: example.golds.clone(),
-            answer: answer.text.clone(),
+            answer: answer.text.to_string(),
             score,
             path: d.path.as_str().to_string(),
             escalated: d.path == RoutePath::Lc && monitor.is_some(),
-            prompt_tokens: answer.usage.prompt_tokens,
-            cached_tokens: answer.usage.cached_prompt_tokens,
-            completion_tokens: answer.usage.completion_tokens,
+            prompt_tokens: answer.prompt_tokens,
+            cached_tokens: answer.cached_prompt_tokens,
+            completion_tokens: answer.completion_tokens,
             stages: d
                 .stages
                 .iter()
                 .map(|s| StageTokens {
-                    stage: s.stage.to_string(),
+                    stage: s.stage.as_str().to_string(),
                     model: s.model.map(|m| m.as_str().to_string()),
                     prompt: s.prompt_tokens,
                     cached: s.cached_prompt_tokens,
@@ -121,7 +132,7 @@ impl ResultRow {
                 })
                 .collect(),
             cost: d.cost,
-            ms: answer.timings.total_ms,
+            ms: answer.total_ms,
             rag_statistic: monitor.and_then(|m| m.mean).and_then(finite),
             rag_mean_entropy: monitor.and_then(|m| finite(m.signals.mean_entropy)),
             derived_from: None,

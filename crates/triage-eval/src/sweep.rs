@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use triage_router::routing_config::UNANSWERABLE;
+use triage_types::UNANSWERABLE;
 
 use crate::results::ResultRow;
 use crate::scoring::abstains;

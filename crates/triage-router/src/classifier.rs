@@ -11,30 +11,11 @@ use triage_engine::sampler::SamplingParams;
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Embedder;
 
+pub use triage_types::QueryClass;
+
 use crate::error::{Result, RouterError};
 use crate::generator::{Generator, ModelRole};
 use crate::linear::{freeze, thaw, LogisticModel};
-
-/// What kind of question a query is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QueryClass {
-    Point,
-    Global,
-}
-
-impl std::str::FromStr for QueryClass {
-    type Err = RouterError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "point" => Ok(Self::Point),
-            "global" => Ok(Self::Global),
-            other => Err(RouterError::Invalid(format!(
-                "unknown query class {other:?} (point or global)"
-            ))),
-        }
-    }
-}
 
 /// One classified query.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -13,13 +13,14 @@ use triage_engine::sampler::SamplingParams;
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::{Corpus, Embedder, Hit, SearchBackend};
 
-use crate::answer_span::{AnswerSignals, AnswerSpanFilter, SpanMonitor};
+use crate::answer_span::{AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor};
 use crate::classifier::{
     ClassifyWith, LearnedClassifier, QueryClass, QueryClassifier, ZeroShotClassifier,
 };
 use crate::combined_score::{self, CombinedScore};
 use crate::decision::{
-    ClassifierRecord, DecisionRecord, GateRecord, MonitorRecord, RetrievalRecord, TauRecord,
+    ClassifierRecord, DecisionRecord, GateRecord, MonitorRecord, MonitorVerdict, RerankerKind,
+    RetrievalRecord, SearchKind, Stage, TauRecord,
 };
 use crate::error::{Result, RouterError};
 use crate::gain_policy::GainPolicy;
@@ -305,7 +306,7 @@ fn finish(text: String, decision: DecisionRecord, start: Instant) -> Answer {
     let completion_tokens = sum(|s| s.completion_tokens);
     let mut by_stage = BTreeMap::new();
     for s in &decision.stages {
-        *by_stage.entry(s.stage).or_insert(0.0) += s.ms;
+        *by_stage.entry(s.stage.as_str()).or_insert(0.0) += s.ms;
     }
     Answer {
         text,
@@ -355,7 +356,11 @@ impl<'p, 'a> Run<'p, 'a> {
             events,
             record: DecisionRecord::new(request.route != Route::Auto),
         };
-        run.record.estimated_costs = run.estimate_costs()?;
+        run.record.estimated_costs = run
+            .estimate_costs()?
+            .into_iter()
+            .map(|(path, cost)| (path.to_string(), cost))
+            .collect();
         Ok(run)
     }
 
@@ -541,9 +546,9 @@ impl<'p, 'a> Run<'p, 'a> {
         let model = (classifier.name() == "zero_shot").then_some(ModelRole::Router);
         let prices = self.config().prices;
         self.record
-            .add_stage("classify", model, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Classify, model, (0, 0, 0), ms(started), &prices);
         self.record.classifier = Some(ClassifierRecord {
-            classifier: classifier.name(),
+            classifier: classifier.name().to_string(),
             label: c.label,
             p_global: c.p_global,
         });
@@ -569,7 +574,7 @@ impl<'p, 'a> Run<'p, 'a> {
             .then(|| g.tokens.iter().map(|t| -t.logprob).sum::<f32>() / g.tokens.len() as f32);
         let prices = self.config().prices;
         self.record.add_stage(
-            "gate",
+            Stage::Gate,
             Some(ModelRole::Base),
             usage_of(&g),
             ms(started),
@@ -621,10 +626,10 @@ impl<'p, 'a> Run<'p, 'a> {
         let decision = policy.decide(&features)?;
         let prices = self.config().prices;
         self.record
-            .add_stage("policy", None, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Policy, None, (0, 0, 0), ms(started), &prices);
         self.record.retrieval = Some(RetrievalRecord {
-            search: "dense",
-            reranker: "none",
+            search: SearchKind::Dense,
+            reranker: RerankerKind::None,
             chunk_ids: Vec::new(),
             features: Some(features),
             gain_policy: Some(decision),
@@ -674,16 +679,16 @@ impl<'p, 'a> Run<'p, 'a> {
         // Base-model tokens of reranking and pseudo-passages are not itemised by the retriever;
         // the stage records its time.
         self.record
-            .add_stage("retrieve", None, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Retrieve, None, (0, 0, 0), ms(started), &prices);
         self.record.retrieval = Some(RetrievalRecord {
             search: match mode {
-                RetrieveMode::Hybrid => "hybrid",
-                RetrieveMode::Dual => "dual",
-                _ => "dense",
+                RetrieveMode::Hybrid => SearchKind::Hybrid,
+                RetrieveMode::Dual => SearchKind::Dual,
+                _ => SearchKind::Dense,
             },
             reranker: match settings.rerank {
-                RerankSetting::None => "none",
-                RerankSetting::Llm => "llm",
+                RerankSetting::None => RerankerKind::None,
+                RerankSetting::Llm => RerankerKind::Llm,
             },
             chunk_ids: found.hits.iter().map(|h| h.chunk.id.clone()).collect(),
             features: found
@@ -847,7 +852,7 @@ impl<'p, 'a> Run<'p, 'a> {
         }
         let prices = self.config().prices;
         self.record.add_stage(
-            "rag",
+            Stage::Rag,
             Some(ModelRole::Base),
             usage_of(&generated),
             ms(started),
@@ -866,7 +871,11 @@ impl<'p, 'a> Run<'p, 'a> {
             in_answer_span: in_span,
             mean: span.span_mean(),
             decided_at: span.decided_at,
-            decision: if accepted { "accept" } else { "escalate" },
+            decision: if accepted {
+                MonitorVerdict::Accept
+            } else {
+                MonitorVerdict::Escalate
+            },
             signals,
             combined_p_wrong: p_wrong,
             combined_threshold: combined.map(|c| c.model.threshold),
@@ -915,7 +924,7 @@ impl<'p, 'a> Run<'p, 'a> {
         self.stream_tail(&g.text, streamed);
         let prices = self.config().prices;
         self.record.add_stage(
-            "lc",
+            Stage::Lc,
             Some(ModelRole::LongContext),
             usage_of(&g),
             ms(started),

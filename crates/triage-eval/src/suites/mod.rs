@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
-use triage_retrieval::Document;
+use triage_types::Document;
 
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
