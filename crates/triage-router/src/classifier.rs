@@ -268,10 +268,7 @@ pub fn read_labelled(path: &Path) -> Result<Vec<LabelledQuery>> {
 /// Whether a group is held out: a stable hash of its name, one group in `1/every`.
 pub fn is_held_out(group: &str, every: u64) -> bool {
     // FNV-1a: stable across runs and platforms, unlike the std hasher.
-    let hash = group.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
-    hash % every.max(1) == 0
+    triage_core::fnv1a(group).is_multiple_of(every.max(1))
 }
 
 /// How well a classifier labels `rows`.
