@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub use triage_engine::entropy_monitor::{
-    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, Threshold,
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, StepValue, Threshold,
 };
 pub use triage_engine::generate::{
     generate, EntropySettings, FinishReason, GenerateRequest, GenerationOutput, Prompt, TokenOutput,

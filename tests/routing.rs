@@ -84,7 +84,7 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
             .decision
             .stages
             .iter()
-            .find(|s| s.stage == "lc")
+            .find(|s| s.stage.as_str() == "lc")
             .unwrap();
         assert!(
             lc.cached_prompt_tokens >= prefix / 16 * 16,
@@ -104,7 +104,7 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
         .decision
         .stages
         .iter()
-        .find(|s| s.stage == "lc")
+        .find(|s| s.stage.as_str() == "lc")
         .unwrap();
     assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
 }
@@ -126,7 +126,7 @@ fn an_escalation_stops_the_rag_generation_at_its_first_token() {
         .decision
         .stages
         .iter()
-        .find(|s| s.stage == "rag")
+        .find(|s| s.stage.as_str() == "rag")
         .unwrap();
     let monitor = answer.decision.monitor.as_ref().unwrap();
     assert_eq!(monitor.decided_at, Some(rag.completion_tokens));
@@ -138,7 +138,7 @@ fn an_escalation_stops_the_rag_generation_at_its_first_token() {
     request.tau = Some(1e6);
     let answer = engine.ask(&request).unwrap();
     assert_eq!(answer.decision.path, RoutePath::Rag);
-    assert_eq!(answer.decision.monitor.unwrap().decision, "accept");
+    assert_eq!(answer.decision.monitor.unwrap().decision.as_str(), "accept");
 }
 
 #[test]
@@ -222,7 +222,11 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
         "{}",
         kept.text
     );
-    assert!(kept.decision.stages.iter().all(|s| s.stage != "lc"));
+    assert!(kept
+        .decision
+        .stages
+        .iter()
+        .all(|s| s.stage.as_str() != "lc"));
 
     let missed = "What part of France were the Normans located?";
     let escalated = engine
@@ -245,7 +249,7 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
         "{}",
         escalated.decision.reason
     );
-    assert_eq!(monitor.decision, "escalate");
+    assert_eq!(monitor.decision.as_str(), "escalate");
     assert!(
         escalated.text.to_lowercase().contains("north"),
         "{}",
@@ -255,7 +259,7 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
         .decision
         .stages
         .iter()
-        .find(|s| s.stage == "lc")
+        .find(|s| s.stage.as_str() == "lc")
         .unwrap();
     assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
     assert_eq!(monitor.tau.model, "qwen2.5-coder-0.5b");

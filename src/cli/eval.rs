@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use triage_eval::calibrate::{self, Floor};
 use triage_eval::report;
-use triage_eval::results::{ResultRow, ResultsFile, RowContext};
+use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
 use triage_router::routing_config::{Calibration, ClassifierSetting, RagSearch, UNANSWERABLE};
@@ -18,56 +18,15 @@ use triage_router::{Route, RoutePath, RoutingConfig};
 
 use triage::{AskRequest, Engine, ModelRole, TriageConfig};
 
-/// The systems `triage eval` compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum System {
-    /// Closed book.
-    None,
-    /// Top-k dense RAG.
-    Rag,
-    /// Dense + BM25 hybrid RAG.
-    Hybrid,
-    /// The long-context model over the whole corpus.
-    Lc,
-    /// EDAR: the query classifier, then RAG escalating to LC on entropy above τ.
-    Edar,
-    /// Decide-then-retrieve: the closed-book gate, then dual-path RAG; no long context.
-    Dtr,
-    /// Self-Route: a RAG prompt that may answer "unanswerable", then long context.
-    SelfRoute,
-    /// Per query, the cheapest path system that was right.
-    Oracle,
-    /// The routing settings as configured (`--config`), unchanged: how your own setup does.
-    Auto,
+pub use triage_eval::System;
+
+/// How each system asks the router: the route it forces and the routing settings it runs.
+trait SystemRouting {
+    fn route(self) -> Route;
+    fn routing(self, base: &RoutingConfig, edar_classifier: &ClassifierSetting) -> RoutingConfig;
 }
 
-impl System {
-    pub const ALL: [Self; 9] = [
-        Self::None,
-        Self::Rag,
-        Self::Hybrid,
-        Self::Lc,
-        Self::Edar,
-        Self::Dtr,
-        Self::SelfRoute,
-        Self::Oracle,
-        Self::Auto,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Rag => "rag",
-            Self::Hybrid => "hybrid",
-            Self::Lc => "lc",
-            Self::Edar => "edar",
-            Self::Dtr => "dtr",
-            Self::SelfRoute => "self-route",
-            Self::Oracle => "oracle",
-            Self::Auto => "auto",
-        }
-    }
-
+impl SystemRouting for System {
     fn route(self) -> Route {
         match self {
             Self::None => Route::None,
@@ -123,19 +82,6 @@ impl System {
 /// The gate's threshold for `dtr` when the settings name none: a closed-book answer whose
 /// mean NLL is below 0.3 nats (probability ≈ 0.74 per token) is kept.
 pub const DTR_GATE_NLL: f32 = 0.3;
-
-impl std::str::FromStr for System {
-    type Err = anyhow::Error;
-    fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|x| x.as_str() == s)
-            .with_context(|| {
-                let names: Vec<&str> = Self::ALL.iter().map(|x| x.as_str()).collect();
-                format!("unknown system {s:?} (one of {})", names.join(", "))
-            })
-    }
-}
 
 /// Parse `none,rag,...`.
 pub fn parse_systems(list: &str) -> Result<Vec<System>> {
@@ -288,7 +234,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         bar.set_message(format!("corpus {}/{}", gi + 1, groups.len()));
         let at = RowContext {
             suite: config.suite.as_str(),
-            split: config.split.as_str(),
+            split: config.split,
             group: &group.id,
         };
         for example in &group.examples {
@@ -309,13 +255,15 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
                 let score = example
                     .scorer
                     .score(&answer.text, &example.golds, UNANSWERABLE);
-                results.append(ResultRow::from_answer(
-                    &at,
-                    system.as_str(),
-                    example,
-                    &answer,
-                    score,
-                )?)?;
+                let parts = AnswerParts {
+                    text: &answer.text,
+                    prompt_tokens: answer.usage.prompt_tokens,
+                    cached_prompt_tokens: answer.usage.cached_prompt_tokens,
+                    completion_tokens: answer.usage.completion_tokens,
+                    total_ms: answer.timings.total_ms,
+                    decision: &answer.decision,
+                };
+                results.append(ResultRow::from_answer(&at, system, example, parts, score))?;
                 bar.inc(1);
             }
             if config.systems.contains(&System::Oracle) && !results.is_done("oracle", &example.id) {

@@ -1,21 +1,12 @@
 //! Prefix hashing for KV blocks: each full block's hash chains its parent's hash, its token ids,
 //! the model id and an optional cache salt, so different models or tenants never share blocks.
 
+use crate::fnv::{fnv1a_extend as fnv, FNV1A_OFFSET as FNV_OFFSET};
+
 /// A block's content hash (64-bit FNV-1a: stable across runs, processes and Rust versions, which
 /// persisted prefixes need).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub u64);
-
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
-
-fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(FNV_PRIME);
-    }
-    h
-}
 
 /// Hash of one full block of `tokens` following the block hashed `parent` (`None` for the first).
 pub fn hash_block(
@@ -24,21 +15,21 @@ pub fn hash_block(
     model_id: &str,
     salt: Option<&str>,
 ) -> BlockHash {
-    let mut h = fnv(FNV_OFFSET, &parent.map_or(0, |p| p.0).to_le_bytes());
-    h = fnv(h, &[u8::from(parent.is_some())]);
-    h = fnv(h, &(model_id.len() as u64).to_le_bytes());
+    let mut h = fnv(FNV_OFFSET, parent.map_or(0, |p| p.0).to_le_bytes());
+    h = fnv(h, [u8::from(parent.is_some())]);
+    h = fnv(h, (model_id.len() as u64).to_le_bytes());
     h = fnv(h, model_id.as_bytes());
     match salt {
         Some(s) => {
-            h = fnv(h, &[1]);
-            h = fnv(h, &(s.len() as u64).to_le_bytes());
+            h = fnv(h, [1]);
+            h = fnv(h, (s.len() as u64).to_le_bytes());
             h = fnv(h, s.as_bytes());
         }
-        None => h = fnv(h, &[0]),
+        None => h = fnv(h, [0]),
     }
-    h = fnv(h, &(tokens.len() as u64).to_le_bytes());
+    h = fnv(h, (tokens.len() as u64).to_le_bytes());
     for t in tokens {
-        h = fnv(h, &t.to_le_bytes());
+        h = fnv(h, t.to_le_bytes());
     }
     BlockHash(h)
 }

@@ -3,11 +3,13 @@
 
 pub mod block_hash;
 pub mod block_pool;
+pub mod fnv;
 pub mod kv_cache_manager;
 pub mod scheduler;
 
 pub use block_hash::{hash_block, hash_prefix, BlockHash};
 pub use block_pool::{BlockId, BlockPool, NULL_BLOCK};
+pub use fnv::{fnv1a, fnv1a_extend, FNV1A_OFFSET};
 pub use kv_cache_manager::{ComputedBlocks, KvCacheManager, PrefixHandle, RequestId};
 pub use scheduler::{
     FinishReason, Request, ScheduledRequest, Scheduler, SchedulerConfig, SchedulerOutput,

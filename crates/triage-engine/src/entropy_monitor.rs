@@ -15,51 +15,26 @@ use crate::{EngineError, Result};
 /// The number of first generated tokens whose mean decides, unless a threshold says otherwise.
 pub const DEFAULT_WINDOW: usize = 30;
 
-/// How one step's uncertainty is measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EntropyEstimator {
-    /// Shannon entropy of the whole softmax (`LogitsStats::entropy`).
-    #[default]
-    FullSoftmax,
-    /// Entropy of the top-k probabilities renormalised to sum to 1: ignores the tail.
-    TopKRenormalized,
-    /// Entropy of the top-k probabilities plus one bucket holding the rest of the mass
-    /// `1 - Σ p_topk`: a lower bound on the full entropy.
-    TopKResidual,
-    /// Negative logprob of the sampled token, `-(logit_tok - log_sum_exp)`: the surprise of what
-    /// was actually generated (the decide-then-retrieve statistic).
-    SampledNll,
-}
+pub use triage_types::{EntropyEstimator, EntropyUnit};
 
-/// The unit of entropy values and of the threshold compared with them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EntropyUnit {
-    /// Natural logarithm.
-    #[default]
-    Nats,
-    /// Base-2 logarithm: nats / ln 2.
-    Bits,
-}
-
-impl EntropyUnit {
-    /// Converts a value in nats to this unit.
-    pub fn convert_nats(self, nats: f64) -> f64 {
-        match self {
-            Self::Nats => nats,
-            Self::Bits => nats / std::f64::consts::LN_2,
-        }
-    }
-}
-
-impl EntropyEstimator {
+/// The engine's side of an estimator: one step's value from the raw logits statistics. A trait
+/// because the estimator is plain data in `triage-types`, which knows no logits.
+pub trait StepValue {
     /// One decode step's value in `unit`, from the step's raw statistics and the raw logprob of the
     /// token that was sampled (`logits[token] - stats.log_sum_exp`).
     ///
     /// Values are never negative: float rounding below zero is clamped to 0. NaN inputs, and an
     /// empty `top_k` for the top-k estimators, are errors.
-    pub fn step_value(
+    fn step_value(
+        self,
+        stats: &LogitsStats,
+        sampled_logprob: f32,
+        unit: EntropyUnit,
+    ) -> Result<f32>;
+}
+
+impl StepValue for EntropyEstimator {
+    fn step_value(
         self,
         stats: &LogitsStats,
         sampled_logprob: f32,

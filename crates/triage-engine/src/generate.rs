@@ -11,7 +11,7 @@ use triage_models::model::Model;
 use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 
 use crate::entropy_monitor::{
-    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, DEFAULT_WINDOW,
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, StepValue, DEFAULT_WINDOW,
 };
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stop::StopChecker;

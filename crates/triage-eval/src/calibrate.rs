@@ -4,11 +4,13 @@
 //! accuracy floor is set and the elbow misses it, the cheapest τ that meets it.
 
 use sha2::{Digest, Sha256};
-use triage_router::routing_config::Calibration;
+use triage_types::{Calibration, TauRecord};
 
 use crate::error::{EvalError, Result};
 use crate::results::ResultRow;
+use crate::suites::Split;
 use crate::sweep::{point, rag_lc_pairs, tau_grid, RagLcPair, SweepPoint};
+use crate::system::System;
 
 /// An accuracy floor for τ.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -119,7 +121,7 @@ pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen>
 pub fn data_hash(rows: &[ResultRow]) -> String {
     let mut items: Vec<(&str, &str, &[String])> = rows
         .iter()
-        .filter(|r| r.system == "rag")
+        .filter(|r| r.system == System::Rag)
         .map(|r| (r.example.as_str(), r.question.as_str(), r.golds.as_slice()))
         .collect();
     items.sort();
@@ -137,16 +139,9 @@ pub fn data_hash(rows: &[ResultRow]) -> String {
     format!("{:x}", h.finalize())
 }
 
-/// One field of a monitor's τ record.
-fn field<T: serde::de::DeserializeOwned>(tau: &serde_json::Value, key: &str) -> Result<T> {
-    let value = tau
-        .get(key)
-        .cloned()
-        .ok_or_else(|| EvalError::Invalid(format!("the monitor record has no {key}")))?;
-    serde_json::from_value(value).map_err(|source| EvalError::Json {
-        path: format!("monitor record {key}"),
-        source,
-    })
+/// What a τ only holds for: the model, estimator, unit and window it was applied with.
+fn monitor_settings(tau: &TauRecord) -> impl PartialEq + std::fmt::Debug + '_ {
+    (tau.model.as_str(), tau.estimator, tau.unit, tau.window)
 }
 
 /// Calibrate τ from the `rag` and `lc` rows of a dev run.
@@ -158,17 +153,18 @@ pub fn calibrate(
     let Some(first) = rows.first() else {
         return Err(EvalError::Invalid("the results file is empty".into()));
     };
-    if let Some(r) = rows.iter().find(|r| r.split != "dev") {
+    if let Some(r) = rows.iter().find(|r| r.split != Split::Dev) {
         return Err(EvalError::Invalid(format!(
             "τ is tuned on dev only; {} is from the {} split",
-            r.example, r.split
+            r.example,
+            r.split.as_str()
         )));
     }
     // The monitor's settings and model, from the RAG answers' decision records.
-    let taus: Vec<&serde_json::Value> = rows
+    let taus: Vec<&TauRecord> = rows
         .iter()
-        .filter(|r| r.system == "rag")
-        .filter_map(|r| r.decision.pointer("/monitor/tau"))
+        .filter(|r| r.system == System::Rag)
+        .filter_map(|r| r.decision.monitor.as_ref().map(|m| &m.tau))
         .collect();
     let Some(tau) = taus.first() else {
         return Err(EvalError::Invalid(
@@ -176,25 +172,26 @@ pub fn calibrate(
                 .into(),
         ));
     };
-    if let Some(other) = taus.iter().find(|t| {
-        ["model", "estimator", "unit", "window"]
-            .iter()
-            .any(|k| t.get(k) != tau.get(k))
-    }) {
+    if let Some(other) = taus
+        .iter()
+        .find(|t| monitor_settings(t) != monitor_settings(tau))
+    {
         return Err(EvalError::Invalid(format!(
-            "the rag answers were monitored with different settings ({tau} and {other}); \
-             calibrate one model and estimator at a time"
+            "the rag answers were monitored with different settings ({:?} and {:?}); \
+             calibrate one model and estimator at a time",
+            monitor_settings(tau),
+            monitor_settings(other)
         )));
     }
     let pairs = rag_lc_pairs(rows);
     let chosen = choose(&pairs, &tau_grid(grid.0, grid.1, grid.2), floor)?;
     let calibration = Calibration {
-        model: field(tau, "model")?,
-        estimator: field(tau, "estimator")?,
-        unit: field(tau, "unit")?,
-        window: field(tau, "window")?,
+        model: tau.model.clone(),
+        estimator: tau.estimator,
+        unit: tau.unit,
+        window: tau.window,
         suite: first.suite.clone(),
-        split: first.split.clone(),
+        split: first.split.as_str().to_string(),
         queries: pairs.len(),
         data_sha256: data_hash(rows),
         rule: chosen.rule.clone(),
@@ -267,6 +264,36 @@ mod tests {
         assert!(err.to_string().contains("no τ in [0.5, 2.5]"), "{err}");
     }
 
+    /// A monitor record like the engine's, with `estimator` (as named in JSON).
+    fn monitor_record(estimator: &str) -> triage_types::MonitorRecord {
+        let nan = f32::NAN;
+        triage_types::MonitorRecord {
+            tau: TauRecord {
+                tau: 0.6,
+                model: "qwen2.5-coder-0.5b".into(),
+                estimator: serde_json::from_value(serde_json::json!(estimator)).unwrap(),
+                unit: triage_types::EntropyUnit::Nats,
+                window: 30,
+            },
+            trace: Vec::new(),
+            in_answer_span: Vec::new(),
+            mean: None,
+            decided_at: None,
+            decision: triage_types::MonitorVerdict::Accept,
+            signals: triage_types::AnswerSignals {
+                mean_entropy: nan,
+                span_mean_entropy: nan,
+                max_entropy: nan,
+                mean_nll: nan,
+                mean_top2_margin: nan,
+                declined: false,
+            },
+            combined_p_wrong: None,
+            combined_threshold: None,
+            rag_answer: String::new(),
+        }
+    }
+
     /// rag and lc rows of `n` queries: RAG right on the low-statistic half, LC always right,
     /// the RAG rows carrying a monitor record like the engine's.
     fn rows(n: usize, estimator: &str) -> Vec<ResultRow> {
@@ -276,9 +303,7 @@ mod tests {
             let e = format!("e{i}");
             let mut rag = row("rag", &e, i < n / 2, 100);
             rag.rag_statistic = Some(i as f64 / n as f64 * 2.0);
-            rag.decision = serde_json::json!({"monitor": {"tau": {"tau": 0.6,
-                "model": "qwen2.5-coder-0.5b", "estimator": estimator, "unit": "nats",
-                "window": 30}}});
+            rag.decision.monitor = Some(monitor_record(estimator));
             out.push(rag);
             out.push(row("lc", &e, true, 1_000));
         }
@@ -308,7 +333,7 @@ mod tests {
     #[test]
     fn calibration_refuses_test_rows_and_mixed_monitor_settings() {
         let mut r = rows(10, "full_softmax");
-        r[0].split = "test".into();
+        r[0].split = Split::Test;
         let err = calibrate(&r, (0.5, 2.5, 0.05), Floor::None).unwrap_err();
         assert!(err.to_string().contains("dev only"), "{err}");
         let mut r = rows(10, "full_softmax");

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde::Deserialize;
-use triage_retrieval::Document;
+use triage_types::Document;
 
 use crate::error::{io_error, EvalError, Result};
 

@@ -14,5 +14,7 @@ pub mod scoring;
 pub mod stats;
 pub mod suites;
 pub mod sweep;
+pub mod system;
 
 pub use error::{EvalError, Result};
+pub use system::System;

@@ -7,11 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
-use triage_router::linear::auroc;
+use triage_types::{auroc, RoutePath};
 
 use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
 use crate::sweep::{curve_area, point, rag_lc_pairs, tau_grid, CurveArea, SweepPoint};
+use crate::system::System;
 
 /// Systems that force one path; the oracle picks among them.
 pub const PATH_SYSTEMS: [&str; 4] = ["none", "rag", "hybrid", "lc"];
@@ -108,7 +109,7 @@ const DEPTH_BINS: usize = 5;
 pub fn oracle_row(rows: &[&ResultRow]) -> Option<ResultRow> {
     let best = rows
         .iter()
-        .filter(|r| PATH_SYSTEMS.contains(&r.system.as_str()))
+        .filter(|r| System::PATHS.contains(&r.system))
         .min_by(|a, b| {
             b.score
                 .correct
@@ -116,8 +117,8 @@ pub fn oracle_row(rows: &[&ResultRow]) -> Option<ResultRow> {
                 .then(a.cost.total_cmp(&b.cost))
         })?;
     let mut row = (*best).clone();
-    row.derived_from = Some(best.system.clone());
-    row.system = "oracle".into();
+    row.derived_from = Some(best.system);
+    row.system = System::Oracle;
     Some(row)
 }
 
@@ -188,7 +189,10 @@ fn signal_report(rag: &[&ResultRow]) -> Option<SignalReport> {
 /// not: they are derived here when missing).
 pub fn build(rows: &[ResultRow], seed: u64) -> Report {
     let suite = rows.first().map(|r| r.suite.clone()).unwrap_or_default();
-    let split = rows.first().map(|r| r.split.clone()).unwrap_or_default();
+    let split = rows
+        .first()
+        .map(|r| r.split.as_str().to_string())
+        .unwrap_or_default();
     // by example, by system
     let mut table: BTreeMap<&str, HashMap<&str, &ResultRow>> = BTreeMap::new();
     for r in rows {
@@ -249,7 +253,7 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
         .map(|e| {
             table[e]
                 .get("oracle")
-                .is_some_and(|o| o.derived_from.as_deref() == Some("lc"))
+                .is_some_and(|o| o.derived_from == Some(System::Lc))
         })
         .collect();
     let summaries = systems
@@ -263,7 +267,7 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
                 (!v.is_empty()).then(|| mean(&v))
             };
             let ms: Vec<f64> = rows.iter().map(|r| r.ms).collect();
-            let on_lc: Vec<bool> = rows.iter().map(|r| r.path == "lc").collect();
+            let on_lc: Vec<bool> = rows.iter().map(|r| r.path == RoutePath::Lc).collect();
             let routed = !PATH_SYSTEMS.contains(&s) && s != "oracle";
             let routing = routed.then(|| {
                 let both = on_lc
@@ -534,7 +538,7 @@ pub(crate) mod tests {
             out.push(row("lc", &e, i < 9, 1_000));
             let mut routed = row("edar", &e, if i < 6 { true } else { i < 9 }, 100);
             if i >= 6 {
-                routed.path = "lc".into();
+                routed.path = RoutePath::Lc;
                 routed.escalated = true;
                 routed.prompt_tokens = 1_100;
                 routed.cost = 1_100.0;
@@ -551,12 +555,12 @@ pub(crate) mod tests {
             let rs: Vec<&ResultRow> = r.iter().filter(|x| x.example == e).collect();
             oracle_row(&rs).unwrap()
         };
-        assert_eq!(of("e0").derived_from.as_deref(), Some("rag"));
-        assert_eq!(of("e7").derived_from.as_deref(), Some("lc"));
+        assert_eq!(of("e0").derived_from.map(System::as_str), Some("rag"));
+        assert_eq!(of("e7").derived_from.map(System::as_str), Some("lc"));
         // Nobody is right on e9: the cheapest path's answer.
         let o = of("e9");
         assert_eq!(
-            (o.derived_from.as_deref(), o.score.correct),
+            (o.derived_from.map(System::as_str), o.score.correct),
             (Some("rag"), false)
         );
     }
@@ -600,7 +604,7 @@ pub(crate) mod tests {
     #[test]
     fn only_queries_every_system_answered_are_compared() {
         let mut r = rows();
-        r.retain(|x| !(x.system == "lc" && x.example == "e3"));
+        r.retain(|x| !(x.system == System::Lc && x.example == "e3"));
         assert_eq!(build(&r, 1).queries, 9);
     }
 }

@@ -6,11 +6,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use triage_router::{Answer, RoutePath};
+use triage_types::{DecisionRecord, RoutePath};
 
 use crate::error::{io_error, EvalError, Result};
 use crate::scoring::Score;
-use crate::suites::Example;
+use crate::suites::{Example, Split};
+use crate::system::System;
 
 /// Tokens one stage (or a whole answer) used.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -28,8 +29,8 @@ pub struct StageTokens {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub suite: String,
-    pub split: String,
-    pub system: String,
+    pub split: Split,
+    pub system: System,
     pub group: String,
     pub example: String,
     pub question: String,
@@ -40,8 +41,8 @@ pub struct ResultRow {
     pub golds: Vec<String>,
     pub answer: String,
     pub score: Score,
-    /// The path that produced the answer (none, rag, hybrid, lc).
-    pub path: String,
+    /// The path that produced the answer.
+    pub path: RoutePath,
     /// A RAG answer was generated and then escalated to the long-context model.
     pub escalated: bool,
     pub prompt_tokens: usize,
@@ -59,17 +60,28 @@ pub struct ResultRow {
     pub rag_mean_entropy: Option<f64>,
     /// The oracle's row: which system's answer it took.
     #[serde(default)]
-    pub derived_from: Option<String>,
+    pub derived_from: Option<System>,
     /// The routing decision record as the engine wrote it.
-    pub decision: serde_json::Value,
+    pub decision: DecisionRecord,
 }
 
 /// Which suite and split a row belongs to.
 #[derive(Debug, Clone)]
 pub struct RowContext<'a> {
     pub suite: &'a str,
-    pub split: &'a str,
+    pub split: Split,
     pub group: &'a str,
+}
+
+/// What the router returned for one query, in the parts a row keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerParts<'a> {
+    pub text: &'a str,
+    pub prompt_tokens: usize,
+    pub cached_prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_ms: f64,
+    pub decision: &'a DecisionRecord,
 }
 
 fn finite(x: f32) -> Option<f64> {
@@ -80,39 +92,35 @@ impl ResultRow {
     /// The row for `system`'s `answer` to `example`.
     pub fn from_answer(
         at: &RowContext<'_>,
-        system: &str,
+        system: System,
         example: &Example,
-        answer: &Answer,
+        answer: AnswerParts<'_>,
         score: Score,
-    ) -> Result<Self> {
-        let d = &answer.decision;
+    ) -> Self {
+        let d = answer.decision;
         let monitor = d.monitor.as_ref();
-        let decision = serde_json::to_value(d).map_err(|source| EvalError::Json {
-            path: "decision record".into(),
-            source,
-        })?;
-        Ok(Self {
+        Self {
             suite: at.suite.to_string(),
-            split: at.split.to_string(),
-            system: system.to_string(),
+            split: at.split,
+            system,
             group: at.group.to_string(),
             example: example.id.clone(),
             question: example.question.clone(),
             kind: example.kind.clone(),
             depth: example.depth,
             golds: example.golds.clone(),
-            answer: answer.text.clone(),
+            answer: answer.text.to_string(),
             score,
-            path: d.path.as_str().to_string(),
+            path: d.path,
             escalated: d.path == RoutePath::Lc && monitor.is_some(),
-            prompt_tokens: answer.usage.prompt_tokens,
-            cached_tokens: answer.usage.cached_prompt_tokens,
-            completion_tokens: answer.usage.completion_tokens,
+            prompt_tokens: answer.prompt_tokens,
+            cached_tokens: answer.cached_prompt_tokens,
+            completion_tokens: answer.completion_tokens,
             stages: d
                 .stages
                 .iter()
                 .map(|s| StageTokens {
-                    stage: s.stage.to_string(),
+                    stage: s.stage.as_str().to_string(),
                     model: s.model.map(|m| m.as_str().to_string()),
                     prompt: s.prompt_tokens,
                     cached: s.cached_prompt_tokens,
@@ -121,12 +129,12 @@ impl ResultRow {
                 })
                 .collect(),
             cost: d.cost,
-            ms: answer.timings.total_ms,
+            ms: answer.total_ms,
             rag_statistic: monitor.and_then(|m| m.mean).and_then(finite),
             rag_mean_entropy: monitor.and_then(|m| finite(m.signals.mean_entropy)),
             derived_from: None,
-            decision,
-        })
+            decision: d.clone(),
+        }
     }
 
     /// Every token the answer cost, cached prompt tokens included.
@@ -177,7 +185,7 @@ impl ResultsFile {
         }
         let done = rows
             .iter()
-            .map(|r| (r.system.clone(), r.example.clone()))
+            .map(|r| (r.system.as_str().to_string(), r.example.clone()))
             .collect();
         Ok(Self { path, rows, done })
     }
@@ -201,7 +209,8 @@ impl ResultsFile {
         writeln!(file, "{line}")
             .and_then(|()| file.sync_data())
             .map_err(io_error(&self.path))?;
-        self.done.insert((row.system.clone(), row.example.clone()));
+        self.done
+            .insert((row.system.as_str().to_string(), row.example.clone()));
         self.rows.push(row);
         Ok(())
     }
@@ -215,12 +224,22 @@ impl ResultsFile {
 pub(crate) mod tests {
     use super::*;
 
-    /// A row with the fields the metrics read.
+    /// A row with the fields the metrics read; a path system's row took its path, any other
+    /// system's row RAG.
     pub fn row(system: &str, example: &str, correct: bool, tokens: usize) -> ResultRow {
+        let system: System = system.parse().unwrap();
+        let path = match system {
+            System::None => RoutePath::None,
+            System::Hybrid => RoutePath::Hybrid,
+            System::Lc => RoutePath::Lc,
+            _ => RoutePath::Rag,
+        };
+        let mut decision = DecisionRecord::new(false);
+        decision.path = path;
         ResultRow {
             suite: "kv-retrieval".into(),
-            split: "dev".into(),
-            system: system.into(),
+            split: Split::Dev,
+            system,
             group: "g".into(),
             example: example.into(),
             question: "q".into(),
@@ -234,7 +253,7 @@ pub(crate) mod tests {
                 em: None,
                 f1: None,
             },
-            path: system.into(),
+            path,
             escalated: false,
             prompt_tokens: tokens,
             cached_tokens: 0,
@@ -245,8 +264,36 @@ pub(crate) mod tests {
             rag_statistic: None,
             rag_mean_entropy: None,
             derived_from: None,
-            decision: serde_json::Value::Null,
+            decision,
         }
+    }
+
+    /// A line of `results.jsonl` as `triage eval` wrote it before rows were typed (the decision
+    /// record a JSON value with sorted keys, its f32s widened, NaN and ∞ as `null`).
+    const UNTYPED_ROW: &str = r#"{"suite":"squad-v2","split":"dev","system":"edar","group":"g0","example":"ex-7","question":"What is the capital of France?","kind":"answerable","depth":null,"golds":["Paris"],"answer":"Paris","score":{"value":1.0,"correct":true,"em":1.0,"f1":1.0},"path":"lc","escalated":true,"prompt_tokens":2350,"cached_tokens":1910,"completion_tokens":24,"stages":[{"stage":"rag","model":"base","prompt":300,"cached":0,"completion":12,"ms":80.0},{"stage":"retrieve","model":null,"prompt":0,"cached":0,"completion":0,"ms":3.0}],"cost":0.0021875,"ms":255.0,"rag_statistic":0.8125,"rag_mean_entropy":0.625,"derived_from":null,"decision":{"classifier":{"classifier":"zero_shot","label":"point","p_global":0.125},"cost":0.0021875,"estimated_costs":{"lc":0.0025,"none":0.00005,"rag":0.00015},"forced":false,"gate":{"answer":"Paris","answered":false,"mean_nll":0.75,"threshold":null},"monitor":{"combined_p_wrong":null,"combined_threshold":null,"decided_at":3,"decision":"escalate","in_answer_span":[false,true,true],"mean":0.8125,"rag_answer":"Lyon","signals":{"declined":false,"max_entropy":1.5,"mean_entropy":0.625,"mean_nll":0.5,"mean_top2_margin":null,"span_mean_entropy":0.8125},"tau":{"estimator":"full_softmax","model":"qwen2.5-0.5b","tau":0.6000000238418579,"unit":"nats","window":30},"trace":[0.25,1.5,0.125]},"path":"lc","reason":"entropy above tau","retrieval":{"chunk_ids":["doc-1#0","doc-2#3"],"features":{"dense_rerank_overlap":0.699999988079071,"mean_top5_dense":0.5,"rerank_top1_dense_rank":11.0,"structural_fraction":0.10000000149011612,"top1_dense":0.8125,"top2_margin":null},"gain_policy":{"predicted_delta":-0.03,"run_hybrid":false,"tau_h":0.02},"reranker":"llm","search":"dense"},"stages":[{"cached_prompt_tokens":0,"completion_tokens":0,"cost":0.0,"model":"router","ms":1.25,"prompt_tokens":0,"stage":"classify"},{"cached_prompt_tokens":10,"completion_tokens":4,"cost":0.0000545,"model":"base","ms":20.5,"prompt_tokens":50,"stage":"gate"},{"cached_prompt_tokens":0,"completion_tokens":0,"cost":0.0,"model":null,"ms":3.0,"prompt_tokens":0,"stage":"retrieve"},{"cached_prompt_tokens":0,"completion_tokens":12,"cost":0.000336,"model":"base","ms":80.0,"prompt_tokens":300,"stage":"rag"},{"cached_prompt_tokens":1900,"completion_tokens":8,"cost":0.001797,"model":"long_context","ms":150.0,"prompt_tokens":2000,"stage":"lc"}]}}"#;
+
+    #[test]
+    fn a_row_written_before_the_types_reads_back_whole() {
+        let row: ResultRow = serde_json::from_str(UNTYPED_ROW).unwrap();
+        assert_eq!(
+            (row.system, row.split, row.path),
+            (System::Edar, Split::Dev, RoutePath::Lc)
+        );
+        let d = &row.decision;
+        assert_eq!(d.path, RoutePath::Lc);
+        let monitor = d.monitor.as_ref().unwrap();
+        assert_eq!(monitor.tau.tau, 0.6);
+        assert!(monitor.signals.mean_top2_margin.is_nan());
+        assert!(d.gate.as_ref().unwrap().threshold.is_nan());
+        assert_eq!(d.stages.len(), 5);
+        // Nothing is lost: the typed row is the same JSON.
+        let old: serde_json::Value = serde_json::from_str(UNTYPED_ROW).unwrap();
+        assert_eq!(serde_json::to_value(&row).unwrap(), old);
+        // And it resumes from a file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("results.jsonl"), format!("{UNTYPED_ROW}\n")).unwrap();
+        let f = ResultsFile::open(dir.path()).unwrap();
+        assert!(f.is_done("edar", "ex-7"));
     }
 
     #[test]

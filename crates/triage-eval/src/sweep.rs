@@ -7,10 +7,11 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use triage_router::routing_config::UNANSWERABLE;
+use triage_types::UNANSWERABLE;
 
 use crate::results::ResultRow;
 use crate::scoring::abstains;
+use crate::system::System;
 
 /// One query's two answers.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,11 +39,11 @@ impl RagLcPair {
 pub fn rag_lc_pairs(rows: &[ResultRow]) -> Vec<RagLcPair> {
     let lc: HashMap<&str, &ResultRow> = rows
         .iter()
-        .filter(|r| r.system == "lc")
+        .filter(|r| r.system == System::Lc)
         .map(|r| (r.example.as_str(), r))
         .collect();
     rows.iter()
-        .filter(|r| r.system == "rag")
+        .filter(|r| r.system == System::Rag)
         .filter_map(|r| {
             let l = lc.get(r.example.as_str())?;
             Some(RagLcPair {

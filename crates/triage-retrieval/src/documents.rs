@@ -12,13 +12,7 @@ use crate::error::{io_at, Result, RetrievalError};
 /// pieces by mistake.
 pub const MAX_DOCUMENT_BYTES: usize = 32 * 1024 * 1024;
 
-/// One document to ingest.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Document {
-    pub id: String,
-    pub title: String,
-    pub text: String,
-}
+pub use triage_types::Document;
 
 #[derive(Deserialize)]
 struct Record {

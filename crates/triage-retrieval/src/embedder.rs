@@ -56,9 +56,7 @@ impl HashingEmbedder {
                 .trim_matches(|c: char| !c.is_alphanumeric())
                 .to_lowercase();
             // FNV-1a: stable across runs and platforms.
-            let h = word.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-            });
+            let h = triage_core::fnv1a(&word);
             v[(h % dim as u64) as usize] += 1.0;
         }
         let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);

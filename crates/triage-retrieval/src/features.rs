@@ -2,44 +2,12 @@
 //! dense arm and its reranked order: how sure dense retrieval is, and whether reranking agrees.
 //! The gain policy (routing issue) predicts from them whether the hybrid pass is worth its cost.
 
-use serde::Serialize;
+pub use triage_types::RetrievalFeatures;
 
 use crate::chunker::ChunkKind;
 
 /// Rank reported when the reranked top-1 is not in the dense top 10.
 pub const ABSENT_RANK: f32 = 11.0;
-
-/// One query's features; a value that cannot be computed (too few hits) is NaN, for the
-/// policy's median imputation.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct RetrievalFeatures {
-    /// Cosine similarity of the best dense hit.
-    pub top1_dense: f32,
-    /// Best minus second-best dense similarity.
-    pub top2_margin: f32,
-    /// Mean similarity of the dense top 5.
-    pub mean_top5_dense: f32,
-    /// Fraction of the dense top 10 that is also in the reranked top 10.
-    pub dense_rerank_overlap: f32,
-    /// Dense rank (from 1) of the reranked top-1; 11 when it is not in the dense top 10.
-    pub rerank_top1_dense_rank: f32,
-    /// Fraction of the reranked top 10 that are headings or captions.
-    pub structural_fraction: f32,
-}
-
-impl RetrievalFeatures {
-    /// The features in the study's order.
-    pub fn to_array(&self) -> [f32; 6] {
-        [
-            self.top1_dense,
-            self.top2_margin,
-            self.mean_top5_dense,
-            self.dense_rerank_overlap,
-            self.rerank_top1_dense_rank,
-            self.structural_fraction,
-        ]
-    }
-}
 
 /// Features from the dense hits (`(chunk id, cosine)`, best first) and the reranked order of the
 /// same candidates (`(chunk id, kind)`, best first).

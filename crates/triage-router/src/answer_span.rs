@@ -2,7 +2,6 @@
 //! to the context," does not), the entropy monitor over those tokens only, and the signals a
 //! finished or stopped answer leaves (mean and max entropy, NLL, top-2 margin, "insufficient").
 
-use serde::Serialize;
 use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
 use triage_engine::generate::TokenOutput;
 
@@ -146,25 +145,22 @@ impl SpanMonitor {
     }
 }
 
-/// Per-answer uncertainty signals, each a candidate predictor of a wrong RAG answer.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct AnswerSignals {
-    /// Mean full-softmax entropy (nats) of the first `window` generated tokens, preamble included.
-    pub mean_entropy: f32,
-    /// The same over the answer span only.
-    pub span_mean_entropy: f32,
-    pub max_entropy: f32,
-    /// Mean negative logprob of the generated tokens.
-    pub mean_nll: f32,
-    /// Mean gap between the best and second-best logprob (small = torn between two tokens).
-    pub mean_top2_margin: f32,
-    /// The model said the context is insufficient (Self-Route prompt).
-    pub declined: bool,
+pub use triage_types::AnswerSignals;
+
+/// Signals from generated tokens. A trait because `AnswerSignals` is plain data in
+/// `triage-types`, which knows no tokens.
+pub trait FromTokens {
+    /// Signals of the first `window` tokens; NaN where no token was generated.
+    fn from_tokens(
+        tokens: &[TokenOutput],
+        preambles: &[String],
+        window: usize,
+        declined: bool,
+    ) -> Self;
 }
 
-impl AnswerSignals {
-    /// Signals of the first `window` tokens; NaN where no token was generated.
-    pub fn from_tokens(
+impl FromTokens for AnswerSignals {
+    fn from_tokens(
         tokens: &[TokenOutput],
         preambles: &[String],
         window: usize,
@@ -200,17 +196,6 @@ impl AnswerSignals {
             mean_top2_margin: mean(&margins),
             declined,
         }
-    }
-
-    /// The combined score's inputs, in a fixed order (retrieval features appended by the caller).
-    pub fn to_array(&self) -> [f32; 5] {
-        [
-            self.mean_entropy,
-            self.span_mean_entropy,
-            self.max_entropy,
-            self.mean_nll,
-            self.mean_top2_margin,
-        ]
     }
 }
 

@@ -11,30 +11,11 @@ use triage_engine::sampler::SamplingParams;
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Embedder;
 
+pub use triage_types::QueryClass;
+
 use crate::error::{Result, RouterError};
 use crate::generator::{Generator, ModelRole};
 use crate::linear::{freeze, thaw, LogisticModel};
-
-/// What kind of question a query is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QueryClass {
-    Point,
-    Global,
-}
-
-impl std::str::FromStr for QueryClass {
-    type Err = RouterError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "point" => Ok(Self::Point),
-            "global" => Ok(Self::Global),
-            other => Err(RouterError::Invalid(format!(
-                "unknown query class {other:?} (point or global)"
-            ))),
-        }
-    }
-}
 
 /// One classified query.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -287,10 +268,7 @@ pub fn read_labelled(path: &Path) -> Result<Vec<LabelledQuery>> {
 /// Whether a group is held out: a stable hash of its name, one group in `1/every`.
 pub fn is_held_out(group: &str, every: u64) -> bool {
     // FNV-1a: stable across runs and platforms, unlike the std hasher.
-    let hash = group.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
-    hash % every.max(1) == 0
+    triage_core::fnv1a(group).is_multiple_of(every.max(1))
 }
 
 /// How well a classifier labels `rows`.

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use triage_retrieval::RetrievalFeatures;
+pub use triage_types::GainDecision;
 
 use crate::classifier::is_held_out;
 use crate::error::{Result, RouterError};
@@ -60,14 +61,6 @@ pub struct GainReport {
     /// Hit@10 − cost · hybrid rate of the policy, and of always-hybrid.
     pub objective_policy: f64,
     pub objective_hybrid_always: f64,
-}
-
-/// What the policy says for one query.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct GainDecision {
-    pub predicted_delta: f64,
-    pub tau_h: f64,
-    pub run_hybrid: bool,
 }
 
 /// A fitted policy.

@@ -7,38 +7,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use triage_core::PrefixHandle;
 use triage_engine::generate::{FinishReason, GenerateRequest, TokenOutput};
 use triage_engine::llm_engine::{LlmEngine, PrefixSource, StreamEvent, Usage};
 use triage_engine::EngineSet;
 use triage_models::model::Model;
 
+pub use triage_types::ModelRole;
+
 use crate::error::{Result, RouterError};
-
-/// What a model is used for in the pipeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ModelRole {
-    /// Classifies queries zero-shot.
-    Router,
-    /// Answers closed-book and over retrieved chunks; judges relevance; writes pseudo-passages.
-    Base,
-    /// Answers over the whole corpus.
-    LongContext,
-}
-
-impl ModelRole {
-    pub const ALL: [ModelRole; 3] = [Self::Router, Self::Base, Self::LongContext];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Router => "router",
-            Self::Base => "base",
-            Self::LongContext => "long_context",
-        }
-    }
-}
 
 /// One finished request.
 #[derive(Debug, Clone)]

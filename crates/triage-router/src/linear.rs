@@ -1,11 +1,12 @@
 //! The small linear models the policies learn: median imputation and standardisation, logistic
 //! regression (query classifier, combined escalation score), ridge regression (retrieval-gain
-//! policy), AUROC, and freezing a fitted model to JSON with a content hash. Written here rather
+//! policy), AUROC (defined in `triage-types`, re-exported), and freezing a fitted model to JSON with a content hash. Written here rather
 //! than pulled from a crate because each is a few dozen lines and the fits are tiny (hundreds of
 //! rows, at most 384 features); linfa would add a BLAS-sized dependency tree for them.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+pub use triage_types::auroc;
 
 use crate::error::{Result, RouterError};
 
@@ -241,38 +242,6 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Result<Vec<f64>> {
     Ok(x)
 }
 
-/// Area under the ROC curve of `scores` for the positive `labels` (ties count one half):
-/// the probability that a random positive scores above a random negative. `None` when either
-/// class is empty.
-pub fn auroc(scores: &[f64], labels: &[bool]) -> Option<f64> {
-    let pos: Vec<f64> = scores
-        .iter()
-        .zip(labels)
-        .filter(|(_, &l)| l)
-        .map(|(s, _)| *s)
-        .collect();
-    let neg: Vec<f64> = scores
-        .iter()
-        .zip(labels)
-        .filter(|(_, &l)| !l)
-        .map(|(s, _)| *s)
-        .collect();
-    if pos.is_empty() || neg.is_empty() {
-        return None;
-    }
-    let mut wins = 0.0;
-    for p in &pos {
-        for n in &neg {
-            wins += match p.total_cmp(n) {
-                std::cmp::Ordering::Greater => 1.0,
-                std::cmp::Ordering::Equal => 0.5,
-                std::cmp::Ordering::Less => 0.0,
-            };
-        }
-    }
-    Some(wins / (pos.len() * neg.len()) as f64)
-}
-
 /// A fitted model frozen to a file: the model, what it was fitted on, and the SHA-256 of the
 /// model's JSON, checked on load so a hand-edited or truncated file is refused.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -386,15 +355,6 @@ mod tests {
         assert!(m.predict(&[-2.0, 0.0]).unwrap() < 0.1);
         let scores: Vec<f64> = rows.iter().map(|r| m.predict(r).unwrap()).collect();
         assert!(auroc(&scores, &labels).unwrap() > 0.95);
-    }
-
-    #[test]
-    fn auroc_counts_pairs_and_ties() {
-        assert_eq!(auroc(&[0.9, 0.1], &[true, false]), Some(1.0));
-        assert_eq!(auroc(&[0.1, 0.9], &[true, false]), Some(0.0));
-        assert_eq!(auroc(&[0.5, 0.5], &[true, false]), Some(0.5));
-        assert_eq!(auroc(&[0.3, 0.8, 0.6], &[true, true, false]), Some(0.5));
-        assert_eq!(auroc(&[0.3], &[true]), None);
     }
 
     #[test]

@@ -5,35 +5,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use triage_engine::entropy_monitor::{EntropyEstimator, EntropyUnit, DEFAULT_WINDOW};
+pub use triage_types::{Calibration, Price, Prices, RoutePath, UNANSWERABLE};
 
 use crate::answer_span::DEFAULT_PREAMBLES;
 use crate::error::{Result, RouterError};
-use crate::generator::ModelRole;
-
-/// How a query may be answered, cheapest kind first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RoutePath {
-    /// Closed book: the base model's own answer, no retrieval.
-    None,
-    /// Retrieved chunks (dense or dual-path) with the base model.
-    Rag,
-    /// Chunks from the dense + BM25 hybrid with the base model.
-    Hybrid,
-    /// The long-context model over the whole corpus.
-    Lc,
-}
-
-impl RoutePath {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Rag => "rag",
-            Self::Hybrid => "hybrid",
-            Self::Lc => "lc",
-        }
-    }
-}
 
 /// What the caller asks for: let the router decide, or force one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -151,34 +126,6 @@ pub struct MonitorSettings {
     pub calibration: Option<Calibration>,
 }
 
-/// How `triage calibrate` chose τ, and what it measured on the dev split.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Calibration {
-    /// The base model τ was calibrated on.
-    pub model: String,
-    pub estimator: EntropyEstimator,
-    pub unit: EntropyUnit,
-    pub window: usize,
-    pub suite: String,
-    pub split: String,
-    pub queries: usize,
-    /// SHA-256 of the dev examples (ids, questions and gold answers).
-    pub data_sha256: String,
-    /// How τ was picked ("elbow", "min-accuracy 0.70", ...).
-    pub rule: String,
-    /// Dev metrics at τ.
-    pub accuracy: f64,
-    pub rag_accuracy: f64,
-    pub lc_accuracy: f64,
-    pub escalation_rate: f64,
-    pub accuracy_retained: f64,
-    pub token_reduction: f64,
-}
-
-/// What a Self-Route answer says when the context is insufficient.
-pub const UNANSWERABLE: &str = "unanswerable";
-
 impl Default for MonitorSettings {
     fn default() -> Self {
         Self {
@@ -191,71 +138,6 @@ impl Default for MonitorSettings {
             stop_on_escalate: true,
             combined_score: None,
             calibration: None,
-        }
-    }
-}
-
-/// Price of a model's tokens, per million.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Price {
-    pub prompt: f64,
-    /// Prompt tokens found in the prefix cache: not prefilled, but still read by attention at
-    /// every generated token.
-    pub cached_prompt: f64,
-    pub completion: f64,
-}
-
-impl Price {
-    pub fn cost(&self, prompt: usize, cached: usize, completion: usize) -> f64 {
-        let uncached = prompt.saturating_sub(cached);
-        (uncached as f64 * self.prompt
-            + cached as f64 * self.cached_prompt
-            + completion as f64 * self.completion)
-            / 1e6
-    }
-}
-
-/// Prices per role. The defaults are relative compute, not money: the long-context model
-/// (1.5B) costs three times the base model (0.5B) per token, a generated token three times a
-/// prefilled one, a cached token a quarter of a prefilled one.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Prices {
-    pub router: Price,
-    pub base: Price,
-    pub long_context: Price,
-}
-
-impl Default for Prices {
-    fn default() -> Self {
-        let base = Price {
-            prompt: 1.0,
-            cached_prompt: 0.25,
-            completion: 3.0,
-        };
-        Self {
-            router: Price {
-                prompt: 0.3,
-                cached_prompt: 0.075,
-                completion: 0.9,
-            },
-            base,
-            long_context: Price {
-                prompt: 3.0,
-                cached_prompt: 0.75,
-                completion: 9.0,
-            },
-        }
-    }
-}
-
-impl Prices {
-    pub fn of(&self, role: ModelRole) -> Price {
-        match role {
-            ModelRole::Router => self.router,
-            ModelRole::Base => self.base,
-            ModelRole::LongContext => self.long_context,
         }
     }
 }

@@ -16,6 +16,7 @@ use triage_models::transformer::LoadOptions;
 use triage_retrieval::chunker::WordOffsets;
 use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder};
 use triage_router::classifier::{LearnedClassifier, QueryClass};
+use triage_router::decision::{MonitorVerdict, SearchKind, Stage};
 use triage_router::gain_policy::{GainPolicy, GainPolicyModel, GainReport};
 use triage_router::linear::{RidgeModel, Standardizer};
 use triage_router::long_context::{corpus_text, LongContextPrompt};
@@ -302,7 +303,7 @@ fn a_sure_rag_answer_is_kept_and_streamed_after_the_route() {
     assert_eq!(streamed_text(&out.events), "Paris is the capital");
     assert_eq!(g.count(Call::Lc), 0);
     let monitor = out.answer.decision.monitor.as_ref().unwrap();
-    assert_eq!(monitor.decision, "accept");
+    assert_eq!(monitor.decision, MonitorVerdict::Accept);
     assert_eq!(monitor.trace.len(), 4);
     assert!((monitor.mean.unwrap() - 0.1).abs() < 1e-6);
     let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
@@ -341,7 +342,7 @@ fn an_unsure_rag_answer_escalates_and_its_generation_stops_early() {
     // τ·m = 1.5 is exceeded at the first token: one token was generated, not five.
     assert_eq!(g.calls.iter().find(|c| c.0 == Call::Rag).unwrap().1, 1);
     let monitor = out.answer.decision.monitor.as_ref().unwrap();
-    assert_eq!(monitor.decision, "escalate");
+    assert_eq!(monitor.decision, MonitorVerdict::Escalate);
     assert_eq!(monitor.decided_at, Some(1));
     assert_eq!(monitor.rag_answer, "Maybe");
     // The replaced answer was never streamed.
@@ -357,7 +358,7 @@ fn an_unsure_rag_answer_escalates_and_its_generation_stops_early() {
         .decision
         .stages
         .iter()
-        .find(|s| s.stage == "lc")
+        .find(|s| s.stage == Stage::Lc)
         .unwrap();
     assert!(lc.cached_prompt_tokens >= f.lc.prefix.len() - 8);
     assert!(
@@ -504,7 +505,10 @@ fn forced_routes_are_obeyed() {
     request.route = Route::Hybrid;
     let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
     assert_eq!(out.answer.decision.path, RoutePath::Hybrid);
-    assert_eq!(out.answer.decision.retrieval.unwrap().search, "hybrid");
+    assert_eq!(
+        out.answer.decision.retrieval.unwrap().search,
+        SearchKind::Hybrid
+    );
     // Forcing lc where the corpus does not fit is an error naming why.
     request.route = Route::Lc;
     let err = ask(&f, &mut g, config(), request, false)
@@ -573,7 +577,7 @@ fn a_global_question_goes_straight_to_long_context() {
     assert_eq!(out.answer.decision.path, RoutePath::Lc);
     let record = out.answer.decision.classifier.as_ref().unwrap();
     assert_eq!(
-        (record.classifier, record.label),
+        (record.classifier.as_str(), record.label),
         ("learned", QueryClass::Global)
     );
     assert_eq!(g.count(Call::Rag), 0);
@@ -633,7 +637,7 @@ fn the_gain_policy_sends_a_query_to_the_hybrid_search() {
     .unwrap();
     assert_eq!(out.answer.decision.path, RoutePath::Hybrid);
     let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
-    assert_eq!(retrieval.search, "hybrid");
+    assert_eq!(retrieval.search, SearchKind::Hybrid);
     let decision = retrieval.gain_policy.unwrap();
     assert!(decision.run_hybrid && (decision.predicted_delta - 0.1).abs() < 1e-9);
     assert!(retrieval.features.is_some());

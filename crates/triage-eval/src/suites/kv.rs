@@ -6,7 +6,7 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use triage_retrieval::Document;
+use triage_types::Document;
 
 use super::{Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
 use crate::error::{EvalError, Result};

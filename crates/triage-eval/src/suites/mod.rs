@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
-use triage_retrieval::Document;
+use triage_types::Document;
 
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
@@ -126,11 +126,7 @@ impl std::str::FromStr for Split {
 }
 
 /// FNV-1a, for splits that must not change between runs or platforms.
-pub fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+pub use triage_core::fnv1a;
 
 /// The split a data set item belongs to, by the hash of its key (half each).
 pub fn split_of(key: &str) -> Split {

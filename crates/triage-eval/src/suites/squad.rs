@@ -7,7 +7,7 @@ use super::{split_of, Example, Group, SuiteParams};
 use crate::datasets::{ArticleQa, QaExample};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
-use triage_retrieval::Document;
+use triage_types::Document;
 
 /// Questions asked over one window at most, spread over its paragraphs.
 const QUESTIONS_PER_WINDOW: usize = 12;

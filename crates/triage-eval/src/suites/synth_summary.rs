@@ -5,7 +5,7 @@
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use triage_retrieval::Document;
+use triage_types::Document;
 
 use super::{Example, Group, SuiteName, SuiteParams};
 use crate::scoring::Scorer;

@@ -9,7 +9,7 @@ use triage_models::chat_template::ChatMessage;
 use super::prompts::GATE_SYSTEM;
 use super::run::{greedy, ms, usage_of, Run};
 use crate::classifier::{ClassifyWith, QueryClass};
-use crate::decision::{ClassifierRecord, GateRecord};
+use crate::decision::{ClassifierRecord, GateRecord, Stage};
 use crate::error::{Result, RouterError};
 use crate::generator::ModelRole;
 
@@ -30,9 +30,9 @@ impl Run<'_, '_> {
         let model = (classifier.name() == "zero_shot").then_some(ModelRole::Router);
         let prices = self.config().prices;
         self.record
-            .add_stage("classify", model, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Classify, model, (0, 0, 0), ms(started), &prices);
         self.record.classifier = Some(ClassifierRecord {
-            classifier: classifier.name(),
+            classifier: classifier.name().to_string(),
             label: c.label,
             p_global: c.p_global,
         });
@@ -58,7 +58,7 @@ impl Run<'_, '_> {
             .then(|| g.tokens.iter().map(|t| -t.logprob).sum::<f32>() / g.tokens.len() as f32);
         let prices = self.config().prices;
         self.record.add_stage(
-            "gate",
+            Stage::Gate,
             Some(ModelRole::Base),
             usage_of(&g),
             ms(started),

@@ -9,6 +9,7 @@ use triage_engine::generate::Prompt;
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{question_text, LC_DECLINE};
 use super::run::{greedy, ms, usage_of, Run};
+use crate::decision::Stage;
 use crate::error::{Result, RouterError};
 use crate::generator::ModelRole;
 use crate::routing_config::RoutePath;
@@ -47,7 +48,7 @@ impl Run<'_, '_> {
         stream.finish(&g.text, events);
         let prices = self.config().prices;
         self.record.add_stage(
-            "lc",
+            Stage::Lc,
             Some(ModelRole::LongContext),
             usage_of(&g),
             ms(started),

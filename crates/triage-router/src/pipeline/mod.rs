@@ -175,7 +175,7 @@ fn finish(text: String, decision: DecisionRecord, start: Instant) -> Answer {
     let completion_tokens = sum(|s| s.completion_tokens);
     let mut by_stage = BTreeMap::new();
     for s in &decision.stages {
-        *by_stage.entry(s.stage).or_insert(0.0) += s.ms;
+        *by_stage.entry(s.stage.as_str()).or_insert(0.0) += s.ms;
     }
     Answer {
         text,

@@ -12,9 +12,9 @@ use super::escalation::{decide, CombinedVerdict, EscalationSignals, Fallback, Ve
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
-use crate::answer_span::{AnswerSignals, AnswerSpanFilter, SpanMonitor};
+use crate::answer_span::{AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor};
 use crate::combined_score;
-use crate::decision::{MonitorRecord, TauRecord};
+use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
 
@@ -216,7 +216,7 @@ impl Run<'_, '_> {
     ) {
         let prices = self.config().prices;
         self.record.add_stage(
-            "rag",
+            Stage::Rag,
             Some(ModelRole::Base),
             usage_of(generated),
             ms(started),
@@ -237,9 +237,9 @@ impl Run<'_, '_> {
             mean: span.span_mean(),
             decided_at: span.decided_at,
             decision: if judged.verdict.accepted {
-                "accept"
+                MonitorVerdict::Accept
             } else {
-                "escalate"
+                MonitorVerdict::Escalate
             },
             signals: judged.signals,
             combined_p_wrong: judged.combined.map(|c| c.p_wrong),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use triage_retrieval::Hit;
 
 use super::run::{ms, Run};
-use crate::decision::RetrievalRecord;
+use crate::decision::{RerankerKind, RetrievalRecord, SearchKind, Stage};
 use crate::error::Result;
 use crate::retriever::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
 use crate::routing_config::{RagSearch, RerankSetting, RoutePath};
@@ -39,10 +39,10 @@ impl Run<'_, '_> {
         let decision = policy.decide(&features)?;
         let prices = self.config().prices;
         self.record
-            .add_stage("policy", None, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Policy, None, (0, 0, 0), ms(started), &prices);
         self.record.retrieval = Some(RetrievalRecord {
-            search: "dense",
-            reranker: "none",
+            search: SearchKind::Dense,
+            reranker: RerankerKind::None,
             chunk_ids: Vec::new(),
             features: Some(features),
             gain_policy: Some(decision),
@@ -89,16 +89,16 @@ impl Run<'_, '_> {
         // Base-model tokens of reranking and pseudo-passages are not itemised by the retriever;
         // the stage records its time.
         self.record
-            .add_stage("retrieve", None, (0, 0, 0), ms(started), &prices);
+            .add_stage(Stage::Retrieve, None, (0, 0, 0), ms(started), &prices);
         self.record.retrieval = Some(RetrievalRecord {
             search: match mode {
-                RetrieveMode::Hybrid => "hybrid",
-                RetrieveMode::Dual => "dual",
-                _ => "dense",
+                RetrieveMode::Hybrid => SearchKind::Hybrid,
+                RetrieveMode::Dual => SearchKind::Dual,
+                _ => SearchKind::Dense,
             },
             reranker: match settings.rerank {
-                RerankSetting::None => "none",
-                RerankSetting::Llm => "llm",
+                RerankSetting::None => RerankerKind::None,
+                RerankSetting::Llm => RerankerKind::Llm,
             },
             chunk_ids: found.hits.iter().map(|h| h.chunk.id.clone()).collect(),
             features: found

@@ -99,7 +99,11 @@ impl<'p, 'a> Run<'p, 'a> {
             events,
             record: DecisionRecord::new(request.route != Route::Auto),
         };
-        run.record.estimated_costs = run.estimate_costs()?;
+        run.record.estimated_costs = run
+            .estimate_costs()?
+            .into_iter()
+            .map(|(path, cost)| (path.to_string(), cost))
+            .collect();
         Ok(run)
     }
 

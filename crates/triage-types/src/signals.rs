@@ -1,0 +1,89 @@
+//! What a query's retrieval and answer measured: the retrieval features, the gain policy's
+//! verdict on them, and the answer's uncertainty signals. A value that could not be computed is
+//! NaN (written as `null`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::float::or_nan;
+
+/// One query's features; a value that cannot be computed (too few hits) is NaN, for the
+/// policy's median imputation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RetrievalFeatures {
+    /// Cosine similarity of the best dense hit.
+    #[serde(deserialize_with = "or_nan")]
+    pub top1_dense: f32,
+    /// Best minus second-best dense similarity.
+    #[serde(deserialize_with = "or_nan")]
+    pub top2_margin: f32,
+    /// Mean similarity of the dense top 5.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_top5_dense: f32,
+    /// Fraction of the dense top 10 that is also in the reranked top 10.
+    #[serde(deserialize_with = "or_nan")]
+    pub dense_rerank_overlap: f32,
+    /// Dense rank (from 1) of the reranked top-1; 11 when it is not in the dense top 10.
+    #[serde(deserialize_with = "or_nan")]
+    pub rerank_top1_dense_rank: f32,
+    /// Fraction of the reranked top 10 that are headings or captions.
+    #[serde(deserialize_with = "or_nan")]
+    pub structural_fraction: f32,
+}
+
+impl RetrievalFeatures {
+    /// The features in the study's order.
+    pub fn to_array(&self) -> [f32; 6] {
+        [
+            self.top1_dense,
+            self.top2_margin,
+            self.mean_top5_dense,
+            self.dense_rerank_overlap,
+            self.rerank_top1_dense_rank,
+            self.structural_fraction,
+        ]
+    }
+}
+
+/// What the gain policy says for one query.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GainDecision {
+    #[serde(deserialize_with = "or_nan")]
+    pub predicted_delta: f64,
+    #[serde(deserialize_with = "or_nan")]
+    pub tau_h: f64,
+    pub run_hybrid: bool,
+}
+
+/// Per-answer uncertainty signals, each a candidate predictor of a wrong RAG answer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AnswerSignals {
+    /// Mean full-softmax entropy (nats) of the first `window` generated tokens, preamble included.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_entropy: f32,
+    /// The same over the answer span only.
+    #[serde(deserialize_with = "or_nan")]
+    pub span_mean_entropy: f32,
+    #[serde(deserialize_with = "or_nan")]
+    pub max_entropy: f32,
+    /// Mean negative logprob of the generated tokens.
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_nll: f32,
+    /// Mean gap between the best and second-best logprob (small = torn between two tokens).
+    #[serde(deserialize_with = "or_nan")]
+    pub mean_top2_margin: f32,
+    /// The model said the context is insufficient (Self-Route prompt).
+    pub declined: bool,
+}
+
+impl AnswerSignals {
+    /// The combined score's inputs, in a fixed order (retrieval features appended by the caller).
+    pub fn to_array(&self) -> [f32; 5] {
+        [
+            self.mean_entropy,
+            self.span_mean_entropy,
+            self.max_entropy,
+            self.mean_nll,
+            self.mean_top2_margin,
+        ]
+    }
+}
