@@ -7,13 +7,16 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use triage_eval::route_analysis::{
+    combined_training_set, declines, path_scores, rag_error_rate, signal_aurocs, RouteRow,
+    RoutedAnswer,
+};
+pub use triage_eval::route_analysis::{markdown, RouteBench};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
-use triage_router::combined_score::{self, CombinedScore};
-use triage_router::linear::{auroc, LogisticModel};
+use triage_router::combined_score::CombinedScore;
 
-use triage::{Answer, AskRequest, Engine, ModelRole, Route, RoutePath, TriageConfig};
-use triage_eval::scoring::{contains_answer, exact_match, f1};
+use triage::{Answer, AskRequest, Engine, ModelRole, Route, TriageConfig};
+use triage_eval::scoring::{contains_answer, f1};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -33,48 +36,7 @@ pub struct RouteBenchConfig {
     pub device: triage_models::device::DeviceSpec,
 }
 
-/// One path's totals.
-#[derive(Debug, Clone, Serialize)]
-pub struct PathScores {
-    pub path: String,
-    pub questions: usize,
-    pub exact_match: f64,
-    pub f1: f64,
-    /// The gold answer occurs in the answer.
-    pub contains: f64,
-    pub mean_prompt_tokens: f64,
-    pub mean_cached_prompt_tokens: f64,
-    pub mean_completion_tokens: f64,
-    pub mean_ms: f64,
-    /// Answers that ended on the long-context path.
-    pub lc_rate: f64,
-}
-
-/// One signal's power to flag a wrong RAG answer.
-#[derive(Debug, Clone, Serialize)]
-pub struct SignalAuroc {
-    pub signal: String,
-    pub auroc: Option<f64>,
-}
-
-/// The whole measurement.
-#[derive(Debug, Clone, Serialize)]
-pub struct RouteBench {
-    pub questions: usize,
-    pub articles: usize,
-    pub mean_corpus_tokens: f64,
-    pub tau: f32,
-    pub paths: Vec<PathScores>,
-    /// Fraction of forced-RAG answers that do not contain the gold answer.
-    pub rag_error_rate: f64,
-    /// Auto runs whose RAG answer declined (Self-Route), and how often the forced RAG answer
-    /// to those questions was indeed wrong.
-    pub decline_rate: f64,
-    pub decline_precision: Option<f64>,
-    pub signals: Vec<SignalAuroc>,
-}
-
-/// One question's three answers.
+/// One question's three answers, as the engine gave them.
 struct Row {
     article: usize,
     question: String,
@@ -84,121 +46,29 @@ struct Row {
     auto: Answer,
 }
 
-fn correct(answer: &Answer, golds: &[String]) -> bool {
-    contains_answer(&answer.text, golds)
-}
-
-fn scores(path: &str, answers: &[(&Answer, &[String])]) -> PathScores {
-    let n = answers.len().max(1) as f64;
-    let mean = |f: &dyn Fn(&Answer, &[String]) -> f64| {
-        answers.iter().map(|(a, g)| f(a, g)).sum::<f64>() / n
-    };
-    PathScores {
-        path: path.to_string(),
-        questions: answers.len(),
-        exact_match: mean(&|a, g| f64::from(u8::from(exact_match(&a.text, g)))),
-        f1: mean(&|a, g| f1(&a.text, g)),
-        contains: mean(&|a, g| f64::from(u8::from(correct(a, g)))),
-        mean_prompt_tokens: mean(&|a, _| a.usage.prompt_tokens as f64),
-        mean_cached_prompt_tokens: mean(&|a, _| a.usage.cached_prompt_tokens as f64),
-        mean_completion_tokens: mean(&|a, _| a.usage.completion_tokens as f64),
-        mean_ms: mean(&|a, _| a.timings.total_ms),
-        lc_rate: mean(&|a, _| f64::from(u8::from(a.decision.path == RoutePath::Lc))),
+/// What the analysis reads of an answer.
+fn routed(a: &Answer) -> RoutedAnswer {
+    RoutedAnswer {
+        text: a.text.clone(),
+        prompt_tokens: a.usage.prompt_tokens,
+        cached_prompt_tokens: a.usage.cached_prompt_tokens,
+        completion_tokens: a.usage.completion_tokens,
+        total_ms: a.timings.total_ms,
+        decision: a.decision.clone(),
     }
 }
 
-/// The RAG answer's signals and retrieval features, in the combined score's input order.
-fn signal_row(answer: &Answer) -> Option<Vec<f32>> {
-    let monitor = answer.decision.monitor.as_ref()?;
-    let features = answer.decision.retrieval.as_ref().and_then(|r| r.features);
-    Some(combined_score::inputs(
-        &monitor.signals,
-        monitor.mean,
-        features.as_ref(),
-    ))
-}
-
-/// Names of the first signals of `combined_score::inputs`. "self-route declined" is left out
-/// here: forced RAG runs without the decline prompt, so it is measured on the auto runs below.
-const SIGNALS: [(usize, &str); 6] = [
-    (0, "mean entropy (first 30 tokens)"),
-    (1, "answer-span mean entropy"),
-    (2, "max entropy"),
-    (3, "mean NLL"),
-    (4, "negative top-2 margin"),
-    (6, "monitor statistic (answer-span mean, first 30)"),
-];
-
-fn signal_aurocs(rows: &[Row]) -> Result<Vec<SignalAuroc>> {
-    let data: Vec<(usize, Vec<f32>, bool)> = rows
-        .iter()
-        .filter_map(|r| signal_row(&r.rag).map(|s| (r.article, s, !correct(&r.rag, &r.golds))))
-        .collect();
-    let labels: Vec<bool> = data.iter().map(|d| d.2).collect();
-    let mut out: Vec<SignalAuroc> = SIGNALS
-        .iter()
-        .map(|&(j, name)| {
-            let scores: Vec<f64> = data
-                .iter()
-                .map(|d| {
-                    let v = f64::from(d.1[j]);
-                    if v.is_finite() {
-                        v
-                    } else {
-                        f64::NEG_INFINITY
-                    }
-                })
-                .collect();
-            SignalAuroc {
-                signal: name.to_string(),
-                auroc: auroc(&scores, &labels),
-            }
-        })
-        .collect();
-    // The combined score: logistic regression on every signal and the six retrieval features,
-    // scored out of fold (five folds by article, so no article is both fitted and scored).
-    let mut predicted = vec![f64::NAN; data.len()];
-    for fold in 0..5 {
-        let (train, test): (Vec<usize>, Vec<usize>) =
-            (0..data.len()).partition(|&i| data[i].0 % 5 != fold);
-        let x: Vec<Vec<f32>> = train.iter().map(|&i| data[i].1.clone()).collect();
-        let y: Vec<bool> = train.iter().map(|&i| data[i].2).collect();
-        if test.is_empty() || !y.contains(&true) || !y.contains(&false) {
-            continue;
-        }
-        let model = LogisticModel::fit(&x, &y, 1e-2)?;
-        for i in test {
-            predicted[i] = model.predict(&data[i].1)?;
+impl Row {
+    fn analysed(&self) -> RouteRow {
+        RouteRow {
+            article: self.article,
+            question: self.question.clone(),
+            golds: self.golds.clone(),
+            rag: routed(&self.rag),
+            lc: routed(&self.lc),
+            auto: routed(&self.auto),
         }
     }
-    let scored: Vec<(f64, bool)> = predicted
-        .iter()
-        .zip(&labels)
-        .filter(|(p, _)| p.is_finite())
-        .map(|(p, l)| (*p, *l))
-        .collect();
-    let (s, l): (Vec<f64>, Vec<bool>) = scored.into_iter().unzip();
-    out.push(SignalAuroc {
-        signal: "combined (logistic, 5-fold by article)".into(),
-        auroc: auroc(&s, &l),
-    });
-    // The Self-Route decline, from the auto runs (whose RAG prompt allows it), against the
-    // forced RAG answer being wrong.
-    let (declined, wrong): (Vec<f64>, Vec<bool>) = rows
-        .iter()
-        .filter_map(|r| {
-            let m = r.auto.decision.monitor.as_ref()?;
-            Some((
-                f64::from(u8::from(m.signals.declined)),
-                !correct(&r.rag, &r.golds),
-            ))
-        })
-        .unzip();
-    out.push(SignalAuroc {
-        signal: "self-route declined (auto runs)".into(),
-        auroc: auroc(&declined, &wrong),
-    });
-    Ok(out)
 }
 
 fn ask(engine: &mut Engine, question: &str, route: Route, tau: Option<f32>) -> Result<Answer> {
@@ -277,14 +147,9 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
             ChunkerConfig::default(),
         )?;
     }
-    let pairs = |f: fn(&Row) -> &Answer| -> Vec<(&Answer, &[String])> {
-        rows.iter().map(|r| (f(r), r.golds.as_slice())).collect()
-    };
+    let analysed: Vec<RouteRow> = rows.iter().map(Row::analysed).collect();
     if let Some(path) = &config.save_combined {
-        let (x, y): (Vec<Vec<f32>>, Vec<bool>) = rows
-            .iter()
-            .filter_map(|r| signal_row(&r.rag).map(|s| (s, !correct(&r.rag, &r.golds))))
-            .unzip();
+        let (x, y) = combined_training_set(&analysed);
         let model_id = triage_fetch::resolve_model(&config.base)?.0;
         let hash = CombinedScore::fit(&model_id, &x, &y, 0.5)?.save(path)?;
         eprintln!("combined score saved to {} (sha256 {hash})", path.display());
@@ -293,7 +158,7 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
         let mut out = String::new();
         for r in &rows {
             let one = |a: &Answer| {
-                serde_json::json!({"text": a.text, "contains": correct(a, &r.golds),
+                serde_json::json!({"text": a.text, "contains": contains_answer(&a.text, &r.golds),
                     "f1": f1(&a.text, &r.golds), "decision": a.decision, "usage": a.usage,
                     "timings": a.timings})
             };
@@ -304,79 +169,26 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
         }
         std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;
     }
-    let declined = rows
-        .iter()
-        .filter(|r| {
-            r.auto
-                .decision
-                .monitor
-                .as_ref()
-                .is_some_and(|m| m.signals.declined)
-        })
-        .collect::<Vec<_>>();
-    let decline_rate = declined.len() as f64 / rows.len().max(1) as f64;
-    let decline_precision = (!declined.is_empty()).then(|| {
-        declined
+    let pairs = |f: fn(&RouteRow) -> &RoutedAnswer| -> Vec<(&RoutedAnswer, &[String])> {
+        analysed
             .iter()
-            .filter(|r| !correct(&r.rag, &r.golds))
-            .count() as f64
-            / declined.len() as f64
-    });
-    let rag_error_rate = rows.iter().filter(|r| !correct(&r.rag, &r.golds)).count() as f64
-        / rows.len().max(1) as f64;
+            .map(|r| (f(r), r.golds.as_slice()))
+            .collect()
+    };
+    let (decline_rate, decline_precision) = declines(&analysed);
     Ok(RouteBench {
         questions: rows.len(),
         articles: articles.len(),
         mean_corpus_tokens: corpus_tokens.iter().sum::<f64>() / corpus_tokens.len().max(1) as f64,
         tau,
         paths: vec![
-            scores("rag", &pairs(|r| &r.rag)),
-            scores("lc", &pairs(|r| &r.lc)),
-            scores("auto", &pairs(|r| &r.auto)),
+            path_scores("rag", &pairs(|r| &r.rag)),
+            path_scores("lc", &pairs(|r| &r.lc)),
+            path_scores("auto", &pairs(|r| &r.auto)),
         ],
-        rag_error_rate,
+        rag_error_rate: rag_error_rate(&analysed),
         decline_rate,
         decline_precision,
-        signals: signal_aurocs(&rows)?,
+        signals: signal_aurocs(&analysed)?,
     })
-}
-
-/// The tables for benches/RESULTS.md.
-pub fn markdown(b: &RouteBench) -> String {
-    let mut s = format!(
-        "{} SQuAD v2 dev questions over {} articles (corpus ≈ {:.0} tokens each), τ = {}\n\n\
-         | path | EM | F1 | contains | prompt tok | cached | uncached | completion | ms | on lc |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
-        b.questions, b.articles, b.mean_corpus_tokens, b.tau
-    );
-    for p in &b.paths {
-        s.push_str(&format!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0} | {:.2} |\n",
-            p.path,
-            p.exact_match,
-            p.f1,
-            p.contains,
-            p.mean_prompt_tokens,
-            p.mean_cached_prompt_tokens,
-            p.mean_prompt_tokens - p.mean_cached_prompt_tokens,
-            p.mean_completion_tokens,
-            p.mean_ms,
-            p.lc_rate
-        ));
-    }
-    s.push_str(&format!(
-        "\nRAG answers wrong (gold not contained): {:.3}; auto runs whose RAG answer declined: \
-         {:.3}, of which a fraction {} had a wrong forced-RAG answer\n\n| signal | AUROC for a wrong RAG answer |\n|---|---|\n",
-        b.rag_error_rate,
-        b.decline_rate,
-        b.decline_precision.map_or("n/a".into(), |p| format!("{p:.3}"))
-    ));
-    for sig in &b.signals {
-        s.push_str(&format!(
-            "| {} | {} |\n",
-            sig.signal,
-            sig.auroc.map_or("n/a".into(), |a| format!("{a:.3}"))
-        ));
-    }
-    s
 }

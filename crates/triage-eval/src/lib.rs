@@ -10,6 +10,7 @@ pub mod error;
 pub mod plots;
 pub mod report;
 pub mod results;
+pub mod route_analysis;
 pub mod scoring;
 pub mod stats;
 pub mod suites;

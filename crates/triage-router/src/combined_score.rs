@@ -6,47 +6,11 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use triage_retrieval::RetrievalFeatures;
 
-use crate::answer_span::AnswerSignals;
 use crate::error::Result;
 use crate::linear::{freeze, thaw, LogisticModel};
 
-/// The inputs, in order.
-pub const INPUTS: [&str; 13] = [
-    "mean_entropy",
-    "span_mean_entropy",
-    "max_entropy",
-    "mean_nll",
-    "neg_top2_margin",
-    "declined",
-    "monitor_mean",
-    "top1_dense",
-    "top2_margin",
-    "mean_top5_dense",
-    "dense_rerank_overlap",
-    "rerank_top1_dense_rank",
-    "structural_fraction",
-];
-
-/// One answer's inputs (NaN where a value is missing; the model imputes the training median).
-pub fn inputs(
-    signals: &AnswerSignals,
-    monitor_mean: Option<f32>,
-    features: Option<&RetrievalFeatures>,
-) -> Vec<f32> {
-    let mut row = vec![
-        signals.mean_entropy,
-        signals.span_mean_entropy,
-        signals.max_entropy,
-        signals.mean_nll,
-        -signals.mean_top2_margin,
-        f32::from(u8::from(signals.declined)),
-        monitor_mean.unwrap_or(f32::NAN),
-    ];
-    row.extend(features.map_or([f32::NAN; 6], RetrievalFeatures::to_array));
-    row
-}
+pub use triage_types::signals::{combined_inputs as inputs, COMBINED_INPUTS as INPUTS};
 
 /// The frozen model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,7 +44,7 @@ impl CombinedScore {
 
     /// P(wrong) of one answer.
     pub fn p_wrong(&self, row: &[f32]) -> Result<f64> {
-        self.model.logistic.predict(row)
+        Ok(self.model.logistic.predict(row)?)
     }
 
     pub fn save(&self, path: &Path) -> Result<String> {

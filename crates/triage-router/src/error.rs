@@ -16,3 +16,10 @@ pub enum RouterError {
 
 /// `Result` with [`RouterError`].
 pub type Result<T> = std::result::Result<T, RouterError>;
+
+/// A refused fit is the caller's data at fault, as it was when the fits lived here.
+impl From<triage_types::linear::FitError> for RouterError {
+    fn from(e: triage_types::linear::FitError) -> Self {
+        Self::Invalid(e.0)
+    }
+}

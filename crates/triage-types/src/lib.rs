@@ -9,6 +9,7 @@ pub mod document;
 pub mod entropy;
 pub mod error;
 mod float;
+pub mod linear;
 pub mod routing;
 pub mod signals;
 pub mod stats;

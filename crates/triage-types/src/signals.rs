@@ -87,3 +87,40 @@ impl AnswerSignals {
         ]
     }
 }
+
+/// The combined escalation score's inputs, in order.
+pub const COMBINED_INPUTS: [&str; 13] = [
+    "mean_entropy",
+    "span_mean_entropy",
+    "max_entropy",
+    "mean_nll",
+    "neg_top2_margin",
+    "declined",
+    "monitor_mean",
+    "top1_dense",
+    "top2_margin",
+    "mean_top5_dense",
+    "dense_rerank_overlap",
+    "rerank_top1_dense_rank",
+    "structural_fraction",
+];
+
+/// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
+/// training median).
+pub fn combined_inputs(
+    signals: &AnswerSignals,
+    monitor_mean: Option<f32>,
+    features: Option<&RetrievalFeatures>,
+) -> Vec<f32> {
+    let mut row = vec![
+        signals.mean_entropy,
+        signals.span_mean_entropy,
+        signals.max_entropy,
+        signals.mean_nll,
+        -signals.mean_top2_margin,
+        f32::from(u8::from(signals.declined)),
+        monitor_mean.unwrap_or(f32::NAN),
+    ];
+    row.extend(features.map_or([f32::NAN; 6], RetrievalFeatures::to_array));
+    row
+}

@@ -118,7 +118,7 @@ pub(super) fn kv_litm(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<
     if sizes.is_empty() {
         return Err(EvalError::Invalid(format!(
             "kv-litm needs objects of {LITM_PAIRS:?} pairs; {} context tokens hold {fit}: \
-             raise --context-tokens",
+             raise the context length",
             params.context_tokens
         )));
     }

@@ -189,11 +189,13 @@ impl SuiteParams<'_> {
 /// Build a suite's groups.
 pub fn build(name: SuiteName, params: &SuiteParams<'_>) -> Result<Vec<Group>> {
     if params.limit == 0 {
-        return Err(EvalError::Invalid("--limit must be at least 1".into()));
+        return Err(EvalError::Invalid(
+            "the question limit must be at least 1".into(),
+        ));
     }
     if params.context_tokens < 128 {
         return Err(EvalError::Invalid(
-            "--context-tokens must be at least 128".into(),
+            "a suite's context length must be at least 128 tokens".into(),
         ));
     }
     let mut rng = params.rng(name);
