@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use triage_engine::llm_engine::{EngineConfig, KvBudget};
 use triage_fetch::{
     DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
@@ -30,24 +30,6 @@ pub fn role_name(role: ModelRole) -> &'static str {
     }
 }
 
-fn parse_role(text: &str) -> Option<ModelRole> {
-    match text {
-        "router" => Some(ModelRole::Router),
-        "base" => Some(ModelRole::Base),
-        "long-context" | "long_context" => Some(ModelRole::LongContext),
-        _ => None,
-    }
-}
-
-fn deserialize_role<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<ModelRole, D::Error> {
-    let text = String::deserialize(d)?;
-    parse_role(&text).ok_or_else(|| {
-        serde::de::Error::custom(format!(
-            "unknown role {text:?}: expected \"base\", \"long-context\" or \"router\""
-        ))
-    })
-}
-
 /// One model to load.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -60,7 +42,7 @@ pub struct ModelEntry {
     /// What the routing pipeline uses it for: `base`, `long-context` or `router`. The first
     /// entry of each role plays it; without a `long-context` or `router` entry the base model
     /// plays that role too. A router loads only when a zero-shot classifier needs it.
-    #[serde(default = "default_role", deserialize_with = "deserialize_role")]
+    #[serde(default = "default_role")]
     pub role: ModelRole,
     /// KV-cache budget: `"512MiB"`, `"2GiB"`, `"0.3"` (fraction of free memory), `"4096blocks"`.
     #[serde(default = "default_kv_budget")]
@@ -311,6 +293,39 @@ fn config_error(e: impl std::fmt::Display) -> HostError {
     HostError::Config(e.to_string())
 }
 
+/// The `models` value: `[[models]]` entries, or the old `[models]` table (its embedder goes to
+/// `pipeline`; each old spelling is noted in `deprecated`).
+fn models_from(
+    value: toml::Value,
+    pipeline: &mut PipelineSettings,
+    deprecated: &mut Vec<String>,
+) -> Result<Vec<ModelEntry>> {
+    match value {
+        value @ toml::Value::Array(_) => value
+            .try_into::<Vec<ModelEntry>>()
+            .map_err(|e| config_error(format!("[[models]]: {e}"))),
+        value @ toml::Value::Table(_) => {
+            let table: RoleTable = value
+                .try_into()
+                .map_err(|e| config_error(format!("[models]: {e}")))?;
+            deprecated.push(
+                "a [models] table of role = name: write one [[models]] entry per model, \
+                 with name and role (\"base\", \"long-context\", \"router\")"
+                    .to_string(),
+            );
+            if let Some(embedder) = &table.embedder {
+                deprecated.push("[models] embedder: write [pipeline] embedder".to_string());
+                pipeline.embedder = embedder.clone();
+            }
+            Ok(table.entries())
+        }
+        other => Err(config_error(format!(
+            "models must be [[models]] entries, not {}",
+            other.type_str()
+        ))),
+    }
+}
+
 impl RawConfig {
     fn into_config(self) -> Result<TriageConfig> {
         let defaults = ServerSettings::default();
@@ -318,33 +333,7 @@ impl RawConfig {
         let mut pipeline = self.pipeline.unwrap_or_default();
         let models = match self.models {
             None => default_models(),
-            Some(toml::Value::Array(_)) => {
-                let value = self.models.unwrap_or(toml::Value::Array(Vec::new()));
-                value
-                    .try_into::<Vec<ModelEntry>>()
-                    .map_err(|e| config_error(format!("[[models]]: {e}")))?
-            }
-            Some(value @ toml::Value::Table(_)) => {
-                let table: RoleTable = value
-                    .try_into()
-                    .map_err(|e| config_error(format!("[models]: {e}")))?;
-                deprecated.push(
-                    "a [models] table of role = name: write one [[models]] entry per model, \
-                     with name and role (\"base\", \"long-context\", \"router\")"
-                        .to_string(),
-                );
-                if let Some(embedder) = &table.embedder {
-                    deprecated.push("[models] embedder: write [pipeline] embedder".to_string());
-                    pipeline.embedder = embedder.clone();
-                }
-                table.entries()
-            }
-            Some(other) => {
-                return Err(config_error(format!(
-                    "models must be [[models]] entries, not {}",
-                    other.type_str()
-                )))
-            }
+            Some(value) => models_from(value, &mut pipeline, &mut deprecated)?,
         };
         if let Some(corpora) = self.corpora {
             deprecated.push("top-level corpora: write [pipeline] corpora".to_string());

@@ -769,6 +769,17 @@ async fn bad_pipeline_requests_are_client_errors() {
         assert_eq!(error["error"]["param"].as_str(), param, "{error}");
         assert!(error["error"]["message"].is_string());
     }
+    // A routed answer longer than the context is the caller's mistake, as on a plain model.
+    let mut long = ask(
+        "where did the dog run",
+        json!({"corpus": "docs", "route": "lc"}),
+    );
+    long["max_tokens"] = json!(5000);
+    let (status, _, e) = server
+        .send(Method::POST, "/v1/chat/completions", &long)
+        .await;
+    assert_eq!(status, 400, "{e}");
+    assert_eq!(e["error"]["code"], "context_length_exceeded", "{e}");
     let (status, _, e) = server
         .send(
             Method::POST,
