@@ -85,13 +85,13 @@ impl Host<InProcessModels> {
     }
 }
 
-#[cfg(test)]
+/// Only a CPU build can show refusing a GPU.
+#[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;
     use triage_models::device::DeviceSpec;
 
     /// A CPU build refuses a GPU when the engine starts, before it loads anything.
-    #[cfg(not(feature = "cuda"))]
     #[test]
     fn a_cpu_build_refuses_a_gpu_before_loading() {
         let mut config = TriageConfig::default();
