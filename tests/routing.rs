@@ -167,6 +167,52 @@ fn bad_overrides_and_unknown_corpora_are_client_errors() {
     assert!(TriageConfig::from_toml_str("[routing]\nsurprise = 1\n").is_err());
 }
 
+/// The host's corpus registry: a corpus unloads (and loads again on the next question), one
+/// embedded with another embedder is refused as a conflict, and a name taken is the caller's
+/// mistake.
+#[test]
+fn corpora_unload_and_a_foreign_embedder_is_a_conflict() {
+    let setup = tiny();
+    let engine = setup.engine();
+    engine.load_corpus("tiny").unwrap();
+    assert_eq!(engine.corpora().unwrap(), ["tiny"]);
+    engine.unload_corpus("tiny").unwrap();
+    assert!(engine.corpora().unwrap().is_empty());
+    let again = engine.unload_corpus("tiny").unwrap_err();
+    assert_eq!(again.kind(), triage::ErrorKind::NotFound, "{again}");
+    // Asked about, a corpus in the store loads again.
+    let answer = engine
+        .ask(&question("tiny", "where did the dog run", Route::Lc))
+        .unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Lc);
+    assert_eq!(engine.corpora().unwrap(), ["tiny"]);
+
+    let other = setup.dir.path().join("other-bert");
+    triage_models::bert_fixtures::write_tiny_bert(&other, false, 11).unwrap();
+    let embedder = triage::load_embedder(other.to_str().unwrap()).unwrap();
+    let tokenizer = embedder.model.tokenizer().clone();
+    let doc = triage_retrieval::Document {
+        id: "x".into(),
+        title: "x".into(),
+        text: "a corpus embedded by another model".into(),
+    };
+    CorpusStore::new(&setup.store())
+        .ingest(
+            "foreign",
+            std::slice::from_ref(&doc),
+            &[],
+            &embedder,
+            &tokenizer,
+            ChunkerConfig::default(),
+        )
+        .unwrap();
+    let err = engine.load_corpus("foreign").unwrap_err();
+    assert_eq!(err.kind(), triage::ErrorKind::Conflict, "{err}");
+    assert!(err.to_string().contains("other-bert"), "{err}");
+    let taken = engine.create_corpus("tiny", &[doc]).unwrap_err();
+    assert_eq!(taken.kind(), triage::ErrorKind::Caller, "{taken}");
+}
+
 /// The real models over eight SQuAD paragraphs; the long-context model is the 0.5B too, so the
 /// corpus fits a CPU test.
 fn normans() -> Setup {
