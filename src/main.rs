@@ -70,6 +70,7 @@ fn run(cli: Cli) -> Result<()> {
             host: args.host,
             port: args.port,
             api_key: args.api_key,
+            api_key_file: args.api_key_file,
             models: args.models,
             device: args.device,
         }),

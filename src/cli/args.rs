@@ -153,6 +153,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every /v1 request.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line) instead: a flag shows in `ps`.
+    /// `TRIAGE_API_KEY` in the environment is read when neither is given.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Serve this model (name or path) instead of the config's list; repeatable.
     #[arg(long = "model")]
     pub models: Vec<String>,

@@ -16,6 +16,7 @@ pub struct ServeOverrides {
     pub host: Option<String>,
     pub port: Option<u16>,
     pub api_key: Option<String>,
+    pub api_key_file: Option<PathBuf>,
     /// Serve these models (names or paths) instead of the config's list.
     pub models: Vec<String>,
     /// Run every model on this device instead of each entry's `device`.
@@ -34,8 +35,16 @@ pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
     if let Some(port) = o.port {
         config.server.port = port;
     }
+    if let Some(path) = &o.api_key_file {
+        config.server.api_key = Some(triage_host::config::read_api_key(path)?);
+    }
     if o.api_key.is_some() {
         config.server.api_key = o.api_key;
+    }
+    if config.server.api_key.is_none() {
+        config.server.api_key = std::env::var("TRIAGE_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty());
     }
     if !o.models.is_empty() {
         config.models = o
@@ -57,6 +66,9 @@ pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
 /// Run the server until a shutdown signal.
 pub fn serve(overrides: ServeOverrides) -> Result<()> {
     let config = server_config(overrides)?;
+    if let Some(warning) = config.server.exposure_warning() {
+        tracing::warn!("{warning}");
+    }
     let workers: Vec<Arc<EngineWorker>> =
         start_workers(&config)?.into_iter().map(Arc::new).collect();
     let routing = routing_service(&config, &workers)?;

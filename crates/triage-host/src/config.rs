@@ -176,6 +176,65 @@ pub struct ServerSettings {
     pub max_pending_requests: usize,
     /// After SIGTERM/Ctrl-C, how long in-flight requests may take before the server exits.
     pub shutdown_timeout_s: u64,
+    /// Host names `/v1` requests may carry besides the loopback names, for a server bound to
+    /// loopback (a DNS-rebinding page names its own domain); a server bound elsewhere accepts
+    /// any name unless this is set.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl ServerSettings {
+    /// Whether the server listens on a loopback address only.
+    pub fn is_loopback(&self) -> bool {
+        is_loopback_name(&self.host)
+    }
+
+    /// The warning to print before binding, when the API is open to the network without a key.
+    pub fn exposure_warning(&self) -> Option<String> {
+        (!self.is_loopback() && self.api_key.is_none()).then(|| {
+            format!(
+                "listening on {} without an API key: anyone who can reach it can use the models \
+                 (set api_key, api_key_file or TRIAGE_API_KEY)",
+                self.host
+            )
+        })
+    }
+
+    /// Whether a request's `Host` header (`name` or `name:port`) names this server.
+    pub fn allows_host(&self, host: &str) -> bool {
+        let name = host_name(host);
+        if self
+            .allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+        {
+            return true;
+        }
+        if self.is_loopback() {
+            is_loopback_name(name)
+        } else {
+            self.allowed_hosts.is_empty()
+        }
+    }
+}
+
+/// `name` of `name:port`, `[v6]:port` or a bare name.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Whether `name` (a bare name or address, `[v6]` allowed) is loopback.
+fn is_loopback_name(name: &str) -> bool {
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Default for ServerSettings {
@@ -187,6 +246,7 @@ impl Default for ServerSettings {
             max_body_bytes: 16 * 1024 * 1024,
             max_pending_requests: 256,
             shutdown_timeout_s: 30,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -231,6 +291,9 @@ struct RawConfig {
     host: Option<String>,
     port: Option<u16>,
     api_key: Option<String>,
+    /// A file holding the API key (not visible in `ps` or the config).
+    api_key_file: Option<PathBuf>,
+    allowed_hosts: Vec<String>,
     max_body_bytes: Option<usize>,
     max_pending_requests: Option<usize>,
     shutdown_timeout_s: Option<u64>,
@@ -289,6 +352,20 @@ impl RoleTable {
     }
 }
 
+/// The API key in `path`: its first line, trimmed (an empty one is an error).
+pub fn read_api_key(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| config_error(format!("reading the API key file {}: {e}", path.display())))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        return Err(config_error(format!(
+            "the API key file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(key.to_string())
+}
+
 fn config_error(e: impl std::fmt::Display) -> HostError {
     HostError::Config(e.to_string())
 }
@@ -343,11 +420,19 @@ impl RawConfig {
             deprecated.push("top-level prefix_dir: write [pipeline] prefix_dir".to_string());
             pipeline.prefix_dir = Some(dir);
         }
+        let api_key = match (self.api_key, &self.api_key_file) {
+            (Some(_), Some(_)) => {
+                return Err(config_error("give api_key or api_key_file, not both"))
+            }
+            (key, None) => key,
+            (None, Some(path)) => Some(read_api_key(path)?),
+        };
         Ok(TriageConfig {
             server: ServerSettings {
                 host: self.host.unwrap_or(defaults.host),
                 port: self.port.unwrap_or(defaults.port),
-                api_key: self.api_key,
+                api_key,
+                allowed_hosts: self.allowed_hosts,
                 max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
                 max_pending_requests: self
                     .max_pending_requests

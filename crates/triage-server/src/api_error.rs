@@ -120,6 +120,30 @@ impl ApiError {
         )
     }
 
+    /// 415: a body not declared `application/json`.
+    pub fn unsupported_media_type() -> Self {
+        Self {
+            code: Some("unsupported_media_type"),
+            ..Self::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "send the request body as JSON with `Content-Type: application/json`",
+            )
+        }
+    }
+
+    /// 421: a `Host` header that does not name this server.
+    pub fn misdirected(host: &str) -> Self {
+        Self {
+            code: Some("misdirected_request"),
+            ..Self::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!(
+                    "this server does not answer to the host {host:?}; add it to allowed_hosts"
+                ),
+            )
+        }
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 
 use crate::api_error::ApiError;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
+use crate::guard;
 use crate::metrics::{Metrics, RequestLabels};
 use crate::responses::{Endpoint, ResponseMeta};
 use crate::routed;
@@ -102,6 +103,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::same_origin_only,
         ));
     Router::new()
         .merge(v1)
@@ -244,20 +249,27 @@ async fn create_corpus(
     routed::create_corpus(state, parse_body(body)?).await
 }
 
+/// The corpus name in the path, or a 400 in OpenAI's shape (not a bad percent-encoding's
+/// plain-text rejection).
+pub(crate) fn corpus_name(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(name)| name)
+        .map_err(|e| ApiError::invalid_param("name", format!("the corpus name: {}", e.body_text())))
+}
+
 async fn add_documents(
     State(state): State<Arc<AppState>>,
-    axum::extract::Path(name): axum::extract::Path<String>,
+    path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::add_documents(state, name, parse_body(body)?).await
+    routed::add_documents(state, corpus_name(path)?, parse_body(body)?).await
 }
 
 async fn delete_documents(
     State(state): State<Arc<AppState>>,
-    axum::extract::Path(name): axum::extract::Path<String>,
+    path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::delete_documents(state, name, parse_body(body)?).await
+    routed::delete_documents(state, corpus_name(path)?, parse_body(body)?).await
 }
 
 async fn completions(

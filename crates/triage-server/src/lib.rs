@@ -6,6 +6,7 @@ pub mod api_error;
 pub mod app;
 pub mod error;
 pub mod generation;
+pub mod guard;
 pub mod metrics;
 pub mod responses;
 pub mod routed;

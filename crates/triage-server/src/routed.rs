@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -377,8 +378,9 @@ pub async fn add_documents(
 
 pub async fn list_documents(
     State(state): State<Arc<AppState>>,
-    Path(name): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    let name = crate::app::corpus_name(path)?;
     let service = service(&state)?;
     let list = blocking(move || service.host.list_documents(&name)).await?;
     Ok(Json(json!({"object": "list", "data": list})).into_response())

@@ -183,6 +183,91 @@ async fn stop_strings_cut_the_output() {
     assert_eq!(out["choices"][0]["finish_reason"], "stop");
 }
 
+/// A web page cannot drive a loopback server: a body must be declared JSON (415), the Host
+/// must name the server (421; DNS rebinding), no CORS header invites a page in, and a bad path
+/// parameter is an OpenAI error, not plain text. After each refusal the server is healthy and
+/// answers a normal request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_a_web_page_could_forge_are_refused() {
+    let server = TestServer::start(|_| {}).await;
+    let client = reqwest::Client::new();
+    let chat = format!("{}/v1/chat/completions", server.url);
+    let body = chat_body("hello", 2).to_string();
+    let cases = [
+        (
+            client
+                .post(&chat)
+                .header("content-type", "text/plain")
+                .body(body.clone()),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            client
+                .post(&chat)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(body.clone()),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            client.post(&chat).body(body.clone()),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            client
+                .post(&chat)
+                .header("host", "evil.example:8080")
+                .header("content-type", "application/json")
+                .body(body.clone()),
+            421,
+            "misdirected_request",
+        ),
+        (
+            client
+                .get(format!("{}/v1/models", server.url))
+                .header("host", "rebound.example"),
+            421,
+            "misdirected_request",
+        ),
+    ];
+    for (request, status, code) in cases {
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), status);
+        assert!(r.headers().get("access-control-allow-origin").is_none());
+        let error: Value = r.json().await.unwrap();
+        assert_eq!(error["error"]["code"], code, "{error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        assert!(error["error"]["message"].is_string());
+        let (health, _) = server.get("/health").await;
+        assert_eq!(health, 200);
+    }
+    let r = client
+        .get(format!("{}/v1/corpora/%FF/documents", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let error: Value = r.json().await.unwrap();
+    assert_eq!(error["error"]["param"], "name", "{error}");
+    // A preflight gets no CORS grant.
+    let r = client
+        .request(reqwest::Method::OPTIONS, &chat)
+        .header("origin", "https://evil.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.status().is_success());
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+    // The same request, declared JSON and addressed to the server, answers.
+    let (status, chat) = server
+        .post("/v1/chat/completions", &chat_body("hello", 2))
+        .await;
+    assert_eq!(status, 200, "{chat}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_guards_v1_but_not_health() {
     let server = TestServer::start(|c| c.server.api_key = Some("sk-test".into())).await;

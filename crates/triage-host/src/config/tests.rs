@@ -221,3 +221,46 @@ fn the_readme_example_parses() {
     let bad = TriageConfig::from_toml_str("[[models]]\nname = \"m\"\nkv_dtype = \"int4\"\n");
     assert!(bad.unwrap_err().to_string().contains("int4"));
 }
+
+#[test]
+fn the_api_key_comes_from_a_file_and_an_open_bind_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, "sk-file\n").unwrap();
+    let text = format!("api_key_file = {:?}\n", file.display().to_string());
+    let c = TriageConfig::from_toml_str(&text).unwrap();
+    assert_eq!(c.server.api_key.as_deref(), Some("sk-file"));
+    let both = format!("api_key = \"x\"\n{text}");
+    assert!(TriageConfig::from_toml_str(&both).is_err());
+    std::fs::write(&file, "\n").unwrap();
+    assert!(TriageConfig::from_toml_str(&text).is_err());
+    let mut server = ServerSettings::default();
+    assert_eq!(server.exposure_warning(), None);
+    server.host = "0.0.0.0".into();
+    assert!(server.exposure_warning().unwrap().contains("0.0.0.0"));
+    server.api_key = Some("k".into());
+    assert_eq!(server.exposure_warning(), None);
+}
+
+#[test]
+fn a_loopback_server_answers_only_to_loopback_names() {
+    let mut s = ServerSettings::default();
+    for ok in [
+        "127.0.0.1:8080",
+        "localhost",
+        "LOCALHOST:1",
+        "[::1]:8080",
+        "127.0.0.2",
+    ] {
+        assert!(s.allows_host(ok), "{ok}");
+    }
+    for bad in ["evil.example:8080", "x", "10.0.0.1", "[::2]:80"] {
+        assert!(!s.allows_host(bad), "{bad}");
+    }
+    s.allowed_hosts = vec!["gpu-box".into()];
+    assert!(s.allows_host("gpu-box:8080") && !s.allows_host("evil.example"));
+    s.host = "0.0.0.0".into();
+    assert!(s.allows_host("gpu-box") && !s.allows_host("evil.example"));
+    s.allowed_hosts.clear();
+    assert!(s.allows_host("anything:1"));
+}
