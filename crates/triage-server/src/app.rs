@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{header, Uri};
+use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -181,9 +181,21 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
 }
 
-async fn health(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+/// 200 while every engine thread runs; 503 naming the models whose engine has stopped (a load
+/// balancer then takes this replica out).
+async fn health(State(state): State<Arc<AppState>>) -> Response {
     let models: Vec<&str> = state.workers.iter().map(|w| w.name.as_str()).collect();
-    Json(json!({"status": "ok", "models": models}))
+    let stopped: Vec<&str> = state
+        .workers
+        .iter()
+        .filter(|w| !w.is_alive())
+        .map(|w| w.name.as_str())
+        .collect();
+    if stopped.is_empty() {
+        return Json(json!({"status": "ok", "models": models})).into_response();
+    }
+    let body = json!({"status": "unavailable", "models": models, "stopped": stopped});
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -294,6 +306,12 @@ async fn run(
     generate: triage_engine::generate::GenerateRequest,
 ) -> Result<Response, ApiError> {
     let worker = state.worker(&common.model)?.clone();
+    if !worker.is_alive() {
+        return Err(ApiError::unavailable(format!(
+            "the engine of model `{}` has stopped; retry on another replica",
+            worker.name
+        )));
+    }
     let ticket = Ticket::take(&worker, state.config.server.max_pending_requests)?;
     let timer = RequestTimer::new(state.metrics.clone(), &worker.name);
     let rx = worker

@@ -182,6 +182,13 @@ impl EngineWorker {
         self.send(Command::Unpin { tokens })
     }
 
+    /// Whether the engine thread still runs (not stopped, not died of a panic).
+    pub fn is_alive(&self) -> bool {
+        self.thread
+            .lock()
+            .is_ok_and(|t| t.as_ref().is_some_and(|h| !h.is_finished()))
+    }
+
     /// Stop the thread once its requests are done (or cancelled, with `cancel`), blocking until
     /// it has.
     pub fn shutdown(&self, cancel: bool) {

@@ -395,6 +395,29 @@ async fn shutdown_lets_in_flight_requests_finish_then_stops() {
     );
 }
 
+/// An engine thread that is gone (stopped here; a panic ends it the same way) turns health to
+/// 503 naming the model, and its requests get a 503 at once instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_engine_turns_health_and_its_requests_to_503() {
+    let server = TestServer::start(|_| {}).await;
+    let worker = server.state.workers[0].clone();
+    tokio::task::spawn_blocking(move || worker.shutdown(false))
+        .await
+        .unwrap();
+    let (status, body) = server.get("/health").await;
+    assert_eq!(status, 503, "{body}");
+    let health: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["stopped"], json!([common::MODEL]), "{health}");
+    let (status, error) = tokio::time::timeout(
+        Duration::from_secs(10),
+        server.post("/v1/chat/completions", &chat_body("hello", 2)),
+    )
+    .await
+    .expect("answered, not hung");
+    assert_eq!(status, 503, "{error}");
+    assert_eq!(error["error"]["type"], "server_error", "{error}");
+}
+
 /// Malformed or hostile requests and the status each must get.
 fn bad_requests() -> Vec<(&'static str, &'static str, String, u16)> {
     let chat = "/v1/chat/completions";
