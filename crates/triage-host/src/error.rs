@@ -164,6 +164,7 @@ fn router_kind(e: &RouterError) -> ErrorKind {
 fn retrieval_kind(e: &RetrievalError) -> ErrorKind {
     match e {
         RetrievalError::UnknownCorpus(_) => ErrorKind::NotFound,
+        RetrievalError::Busy(_) => ErrorKind::Conflict,
         RetrievalError::Invalid(_) | RetrievalError::BadDocument { .. } => ErrorKind::Caller,
         _ => ErrorKind::Internal,
     }
@@ -231,6 +232,7 @@ mod tests {
                 ErrorKind::Internal,
             ),
             (HostError::CorpusExists("c".into()), ErrorKind::Caller),
+            (RetrievalError::Busy("c".into()).into(), ErrorKind::Conflict),
             (
                 HostError::EmbedderMismatch {
                     corpus: "c".into(),

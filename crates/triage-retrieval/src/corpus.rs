@@ -136,6 +136,39 @@ fn doc_hash(doc: &Document) -> String {
 }
 
 /// Write `bytes` to `path` and flush them to disk.
+/// Flush a folder's entries (the names of files created or renamed in it) to disk; without it a
+/// crash can lose a renamed `CURRENT` or a new generation's files even though each was synced.
+fn sync_dir(path: &Path) -> Result<()> {
+    std::fs::File::open(path)
+        .and_then(|d| d.sync_all())
+        .map_err(io_at(path))
+}
+
+/// The one writer of corpus `name`: an exclusive lock on `NAME/.lock` held while a generation is
+/// written, so `triage ingest` and a running server (or two ingests) never both write `gen-N+1`.
+/// The OS drops it when its holder exits, also on `kill -9`.
+#[derive(Debug)]
+struct WriterLock {
+    _file: std::fs::File,
+}
+
+impl WriterLock {
+    fn take(dir: &Path, name: &str) -> Result<Self> {
+        let path = dir.join(".lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_at(&path))?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(RetrievalError::Busy(name.to_string())),
+            Err(std::fs::TryLockError::Error(e)) => Err(io_at(&path)(e)),
+        }
+    }
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = std::fs::File::create(path).map_err(io_at(path))?;
     f.write_all(bytes).map_err(io_at(path))?;
@@ -250,6 +283,7 @@ impl CorpusStore {
         check_name(name)?;
         let dir = self.dir(name);
         std::fs::create_dir_all(&dir).map_err(io_at(&dir))?;
+        let _writer = WriterLock::take(&dir, name)?;
         let old = match self.current(name)? {
             Some(_) => Some(self.open(name)?),
             None => None,
@@ -302,14 +336,15 @@ impl CorpusStore {
                 .map(|c| (c.id.as_str(), c.text.as_str())),
         )?;
         write_synced(&gen_dir.join("manifest.json"), &json)?;
-        // The switch: one rename.
+        // Every name of the new generation is on disk before `CURRENT` may point at it.
+        sync_dir(&bm25_dir)?;
+        sync_dir(&gen_dir)?;
+        // The switch: one rename, itself made durable.
         let tmp = dir.join("CURRENT.tmp");
         write_synced(&tmp, generation.as_bytes())?;
         let pointer = dir.join("CURRENT");
         std::fs::rename(&tmp, &pointer).map_err(io_at(&pointer))?;
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
+        sync_dir(&dir)?;
         self.remove_stale_generations(&dir, &generation);
         Ok(report)
     }

@@ -15,6 +15,9 @@ pub enum RetrievalError {
     BadDocument { path: PathBuf, message: String },
     #[error("no corpus named {0:?} (ingest one first)")]
     UnknownCorpus(String),
+    /// Another process (or request) is writing the corpus now.
+    #[error("corpus {0:?} is being written by another ingest; retry when it is done")]
+    Busy(String),
     #[error("corpus {name:?} is damaged: {message}")]
     Damaged { name: String, message: String },
     #[error("model: {0}")]

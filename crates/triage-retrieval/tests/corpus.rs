@@ -332,3 +332,35 @@ fn the_embedded_corpus_passes_the_backend_conformance_checks() {
     let corpus = store.open("c").unwrap();
     conformance::check(&corpus, &corpus, &embedder).unwrap();
 }
+
+/// One writer at a time: while another holds a corpus's lock (another `triage ingest`, or the
+/// server), an ingest is refused as busy and leaves the live generation alone; once the lock is
+/// released it goes through.
+#[test]
+fn a_second_writer_is_refused_while_the_first_holds_the_corpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    store
+        .ingest("c", &docs(), &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    let lock_path = dir.path().join("corpora/c/.lock");
+    let other = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    other.lock().unwrap();
+    let more = vec![doc("new", "entirely new words here")];
+    let err = store
+        .ingest("c", &more, &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap_err();
+    assert!(
+        matches!(err, RetrievalError::Busy(ref n) if n == "c"),
+        "{err}"
+    );
+    assert_eq!(store.open("c").unwrap().num_documents(), 3);
+    other.unlock().unwrap();
+    store
+        .ingest("c", &more, &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(store.open("c").unwrap().num_documents(), 4);
+}
