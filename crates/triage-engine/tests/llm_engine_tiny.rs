@@ -8,7 +8,7 @@ use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateR
 use triage_engine::llm_engine::{
     EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent, Usage,
 };
-use triage_engine::prefix_store::PrefixMiss;
+use triage_engine::prefix_store::{PrefixMiss, StoredPrefix};
 use triage_engine::sampler::SamplingParams;
 use triage_engine::EngineSet;
 use triage_models::config::Architecture;
@@ -290,6 +290,50 @@ fn a_persisted_prefix_survives_a_restart_and_gives_the_same_output() {
     second.unpin_prefix(&handle2);
     second.unpin_prefix(&handle2);
     assert_eq!(second.scheduler().kv().pool().num_used(), 0);
+}
+
+/// A prefix file that passes its checksum but holds blocks of another shape (forged, or from
+/// another cache layout) is a miss that takes no blocks, and the prefix is recomputed.
+#[test]
+fn a_prefix_file_of_the_wrong_shape_is_a_miss() {
+    let (_dir, model) = tiny();
+    let store = tempfile::tempdir().unwrap();
+    let (corpus, _) = corpus_and_question(&model);
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (handle, _) = engine.pin_prefix(&corpus).unwrap();
+    let path = engine.save_prefix(&corpus, &handle, store.path()).unwrap();
+    let full = &corpus[..handle.num_tokens];
+    let key = engine.prefix_key(full);
+    let layers = model.transformer.config().num_layers;
+    let wrong = || {
+        (0..layers)
+            .map(|_| {
+                candle_core::Tensor::ones(
+                    (1, 2, 3),
+                    candle_core::DType::F32,
+                    &candle_core::Device::Cpu,
+                )
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .unwrap()
+    };
+    let forged = StoredPrefix {
+        k: wrong(),
+        v: wrong(),
+    };
+    triage_engine::prefix_store::save(&path, &key, full, &forged).unwrap();
+    let mut fresh = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let miss = fresh
+        .load_prefix(&corpus, store.path())
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(miss, PrefixMiss::Mismatch(ref m) if m.contains("shape")),
+        "{miss:?}"
+    );
+    assert_eq!(fresh.scheduler().kv().pool().num_used(), 0);
+    let (_, source) = fresh.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Computed);
 }
 
 #[test]

@@ -109,6 +109,17 @@ impl PagedKvCache {
     /// Overwrite `blocks` in every layer with `k[layer]` and `v[layer]`, shaped as
     /// [`Self::read_blocks`] returns them, from any device and dtype (a prefix read from disk is
     /// on the host; it is copied to the cache's device and dtype here).
+    /// The shape one layer's K or V takes for `num_blocks` blocks in [`Self::write_blocks`]:
+    /// `[num_blocks, block_size, kv_heads, head_dim]`.
+    pub fn blocks_shape(&self, num_blocks: usize) -> Result<[usize; 4]> {
+        let layer = self
+            .k
+            .first()
+            .ok_or_else(|| crate::ModelError::Invalid("a KV cache without layers".into()))?;
+        let (_, block_size, heads, dim) = layer.dims4()?;
+        Ok([num_blocks, block_size, heads, dim])
+    }
+
     pub fn write_blocks(&self, blocks: &[u32], k: &[Tensor], v: &[Tensor]) -> Result<()> {
         if k.len() != self.k.len() || v.len() != self.v.len() {
             return Err(crate::ModelError::Invalid(format!(

@@ -76,48 +76,20 @@ fn invalid(path: &Path, message: impl std::fmt::Display) -> ModelError {
 }
 
 impl WeightSource {
-    /// Open a GGUF file and read its header; every tensor must fit inside the file.
+    /// Open a GGUF file and read its header through the hardened parser (`gguf_info`): a
+    /// malformed header (an alignment of 0, lengths past the end) or a tensor whose shape
+    /// overflows or whose data runs past the end of the file is an error, never a panic.
     pub fn open_gguf(path: &Path) -> Result<Self> {
+        let (content, file_size) = crate::gguf_info::read_content(path)?;
+        crate::gguf_info::validate_tensors(&content, file_size, path)?;
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let file_size = file
-            .metadata()
-            .map_err(|source| ModelError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?
-            .len();
-        let mut reader = BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader).map_err(|e| invalid(path, e))?;
-        for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
-            let block = info.ggml_dtype.block_size();
-            if block == 0 || elems % block != 0 {
-                return Err(invalid(
-                    path,
-                    format!("tensor {name}: bad shape {:?}", info.shape),
-                ));
-            }
-            let bytes = (elems / block) as u64 * info.ggml_dtype.type_size() as u64;
-            let end = content
-                .tensor_data_offset
-                .saturating_add(info.offset)
-                .saturating_add(bytes);
-            if end > file_size {
-                return Err(invalid(
-                    path,
-                    format!(
-                        "truncated: tensor {name} ends at byte {end}, the file has {file_size}"
-                    ),
-                ));
-            }
-        }
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
             content,
-            reader,
+            reader: BufReader::new(file),
         })
     }
 
@@ -241,7 +213,7 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::hf_name;
+    use super::*;
 
     #[test]
     fn maps_gguf_names_to_hf_names() {
@@ -258,5 +230,25 @@ mod tests {
             Some("model.embed_tokens.weight")
         );
         assert_eq!(hf_name("blk.1.unknown.weight"), None);
+    }
+
+    /// Loading goes through the hardened header parser: candle's own reader divides by
+    /// `general.alignment` unchecked and panics on 0.
+    #[test]
+    fn a_zero_alignment_is_an_error_not_a_panic() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        use candle_core::Tensor;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.gguf");
+        let t = QTensor::quantize(
+            &Tensor::ones(32, candle_core::DType::F32, &Device::Cpu).expect("ones"),
+            GgmlDType::Q8_0,
+        )
+        .expect("quantize");
+        let zero = gguf_file::Value::U32(0);
+        let mut f = File::create(&path).expect("create");
+        gguf_file::write(&mut f, &[("general.alignment", &zero)], &[("t", &t)]).expect("write");
+        let err = WeightSource::open_gguf(&path).expect_err("alignment 0 must be refused");
+        assert!(err.to_string().contains("parser panicked"), "{err}");
     }
 }

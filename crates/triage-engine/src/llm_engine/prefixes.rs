@@ -54,7 +54,8 @@ impl LlmEngine {
         &tokens[..tokens.len() / bs * bs]
     }
 
-    fn prefix_key(&self, full: &[u32]) -> PrefixKey {
+    /// The key the full blocks `full` of a prefix are stored under.
+    pub fn prefix_key(&self, full: &[u32]) -> PrefixKey {
         let bs = self.scheduler.kv().block_size();
         PrefixKey {
             model_id: self.model_fingerprint(),
@@ -141,6 +142,17 @@ impl LlmEngine {
             Ok(stored) => stored,
             Err(miss) => return Ok(Err(miss)),
         };
+        // A file whose checksum holds but whose blocks are shaped for another layout (forged,
+        // or written by a build with another cache layout) is a miss, before any block is taken.
+        let shape = self
+            .cache
+            .blocks_shape(full.len() / self.cache.block_size())?;
+        if let Some(bad) = stored.k.iter().chain(&stored.v).find(|t| t.dims() != shape) {
+            return Ok(Err(PrefixMiss::Mismatch(format!(
+                "stored blocks of shape {:?}, the cache takes {shape:?}",
+                bad.dims()
+            ))));
+        }
         let Some((handle, to_fill)) = self.scheduler.kv_mut().import_prefix(&full, None) else {
             return Err(EngineError::Invalid(format!(
                 "no room for a {}-token prefix in the KV pool",
