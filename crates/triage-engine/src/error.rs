@@ -23,6 +23,10 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// An admitted request failed inside the engine (it ended with `FinishReason::Error`); not
+    /// the caller's fault.
+    #[error("generation failed: {0}")]
+    RequestFailed(String),
 }
 
 /// `Result` with [`EngineError`].

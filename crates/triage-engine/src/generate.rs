@@ -86,7 +86,7 @@ pub(crate) fn scored_logprobs(row: &[f32], lse: f32, ids: &[u32]) -> Vec<(u32, f
 }
 
 /// Why generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// An end-of-sequence token, a stop token id or a stop string.
@@ -95,8 +95,19 @@ pub enum FinishReason {
     Length,
     /// The entropy monitor escalated and `stop_on_escalate` was set.
     Escalate,
-    /// The caller's callback asked to stop.
+    /// The caller asked to stop (a callback, `LlmEngine::cancel`, a listener that went away,
+    /// a forced shutdown). Not a normal end: a server must not report it as `stop`.
     Cancelled,
+    /// This request failed inside the engine (its logits could not be sampled, or the step it
+    /// was part of failed); the message says why.
+    Error(String),
+}
+
+impl FinishReason {
+    /// Whether generation ended by itself (stop, length, escalation) rather than being cut off.
+    pub fn is_normal(&self) -> bool {
+        matches!(self, Self::Stop | Self::Length | Self::Escalate)
+    }
 }
 
 /// Mean entropy over the check window.

@@ -264,10 +264,20 @@ impl LlmEngine {
         self.finish(id, FinishReason::Cancelled, cached);
     }
 
-    /// Cancel every request (after a failed step, or at a forced shutdown).
+    /// Cancel every request (at a forced shutdown): each channel gets `Finished { Cancelled }`.
     pub fn cancel_all(&mut self) {
         let ids: Vec<RequestId> = self.states.keys().copied().collect();
         ids.into_iter().for_each(|id| self.cancel(id));
+    }
+
+    /// End every request with [`FinishReason::Error`] after a step failed (the forward pass
+    /// itself, which all of them share), and free their blocks.
+    pub fn fail_all(&mut self, message: &str) {
+        let ids: Vec<RequestId> = self.states.keys().copied().collect();
+        for id in ids {
+            let cached = self.scheduler.cancel(id).map_or(0, |r| r.num_cached_tokens);
+            self.finish(id, FinishReason::Error(message.to_string()), cached);
+        }
     }
 
     /// Run one step. Returns the number of tokens run (0 when there is nothing to do).
@@ -336,7 +346,9 @@ impl LlmEngine {
         Ok(ids.len())
     }
 
-    /// Sample every row, stream tokens, and end requests that hit a stop string or EOS.
+    /// Sample every row, stream tokens, and end requests that hit a stop string or EOS. A row
+    /// that cannot be sampled (non-finite logits after its penalties) ends its own request with
+    /// [`FinishReason::Error`]; the other rows go on.
     fn sample_all(&mut self, logits: &Tensor, ids: &[RequestId]) -> Result<Vec<(RequestId, u32)>> {
         let k = ids
             .iter()
@@ -351,43 +363,11 @@ impl LlmEngine {
         let mut sampled = Vec::with_capacity(ids.len());
         let mut stopped = Vec::new();
         for (row, (&id, stat)) in ids.iter().zip(&stats).enumerate() {
-            let Some(state) = self.states.get_mut(&id) else {
-                continue;
-            };
-            let choice = choose_token(logits, row, stat, state)?;
-            let token = choice.token;
-            let is_eos = (!state.ignore_eos && self.model.tokenizer.is_eos(token))
-                || state.stop_token_ids.contains(&token);
-            if is_eos {
-                stopped.push((id, FinishReason::Stop));
-                continue;
-            }
-            sampled.push((id, token));
-            state.completion_tokens += 1;
-            let out = TokenOutput {
-                id: token,
-                text: self.model.tokenizer.decode(&[token], false)?,
-                logprob: choice.logprob,
-                entropy: stat.entropy,
-                top_logprobs: stat
-                    .top_k
-                    .iter()
-                    .take(state.top_logprobs)
-                    .copied()
-                    .collect(),
-                scored_logprobs: choice.scored_logprobs,
-            };
-            let piece = state
-                .decoder
-                .step(&self.model.tokenizer, token)?
-                .unwrap_or_default();
-            let checked = state.stop.push(&piece);
-            let listening = state.tx.send(StreamEvent::Token(out, checked.text));
-            if checked.matched.is_some() {
-                stopped.push((id, FinishReason::Stop));
-            } else if !listening {
-                self.num_abandoned += 1;
-                stopped.push((id, FinishReason::Cancelled));
+            match self.sample_row(logits, row, id, stat) {
+                Ok(RowOutcome::Token(token)) => sampled.push((id, token)),
+                Ok(RowOutcome::Finished(reason)) => stopped.push((id, reason)),
+                Ok(RowOutcome::Gone) => {}
+                Err(e) => stopped.push((id, FinishReason::Error(e.to_string()))),
             }
         }
         for (id, reason) in stopped {
@@ -396,6 +376,54 @@ impl LlmEngine {
             self.finish(id, reason, cached);
         }
         Ok(sampled)
+    }
+
+    /// Sample row `row` for request `id` and stream its token. Errors are this request's alone.
+    fn sample_row(
+        &mut self,
+        logits: &Tensor,
+        row: usize,
+        id: RequestId,
+        stat: &LogitsStats,
+    ) -> Result<RowOutcome> {
+        let Some(state) = self.states.get_mut(&id) else {
+            return Ok(RowOutcome::Gone);
+        };
+        let choice = choose_token(logits, row, stat, state)?;
+        let token = choice.token;
+        let is_eos = (!state.ignore_eos && self.model.tokenizer.is_eos(token))
+            || state.stop_token_ids.contains(&token);
+        if is_eos {
+            return Ok(RowOutcome::Finished(FinishReason::Stop));
+        }
+        let out = TokenOutput {
+            id: token,
+            text: self.model.tokenizer.decode(&[token], false)?,
+            logprob: choice.logprob,
+            entropy: stat.entropy,
+            top_logprobs: stat
+                .top_k
+                .iter()
+                .take(state.top_logprobs)
+                .copied()
+                .collect(),
+            scored_logprobs: choice.scored_logprobs,
+        };
+        let piece = state
+            .decoder
+            .step(&self.model.tokenizer, token)?
+            .unwrap_or_default();
+        state.completion_tokens += 1;
+        let checked = state.stop.push(&piece);
+        let listening = state.tx.send(StreamEvent::Token(out, checked.text));
+        if checked.matched.is_some() {
+            return Ok(RowOutcome::Finished(FinishReason::Stop));
+        }
+        if !listening {
+            self.num_abandoned += 1;
+            return Ok(RowOutcome::Finished(FinishReason::Cancelled));
+        }
+        Ok(RowOutcome::Token(token))
     }
 
     fn finish(&mut self, id: RequestId, reason: FinishReason, cached_tokens: usize) {
@@ -421,6 +449,16 @@ impl LlmEngine {
         };
         let _ = state.tx.send(StreamEvent::Finished { reason, usage });
     }
+}
+
+/// What sampling one row did to its request.
+enum RowOutcome {
+    /// A token to append; the request goes on.
+    Token(u32),
+    /// The request ends here (its token, if any, was streamed).
+    Finished(FinishReason),
+    /// The request had already ended.
+    Gone,
 }
 
 /// One row's token with its raw logprob and scored logprobs.

@@ -95,6 +95,23 @@ impl Default for SamplingParams {
 /// Most token ids a request may ask logprobs of besides the sampled one.
 pub const MAX_SCORE_TOKENS: usize = 64;
 
+/// The highest temperature. Past it the logit spread of any real model is flattened to within a
+/// few percent of uniform, so a larger value changes nothing but is most likely a mistake (a
+/// percentage, a stray exponent).
+pub const MAX_TEMPERATURE: f32 = 1000.0;
+
+/// The repetition penalty's range. llama.cpp and HF accept any positive value and users send
+/// 1–1.5 (below 1 encourages repeats); the bounds keep a penalised logit within 100 times the
+/// model's, where a denormal such as `1e-45` divides a logit of 1 into `+inf` and the draw fails.
+pub const REPETITION_PENALTY_RANGE: (f32, f32) = (0.01, 100.0);
+
+/// Most stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// Longest stop string, in bytes: with [`MAX_STOP_STRINGS`] this bounds the text the stop checker
+/// holds back and the automaton it builds per request.
+pub const MAX_STOP_BYTES: usize = 1024;
+
 fn invalid(param: &'static str, message: String) -> EngineError {
     EngineError::InvalidSampling { param, message }
 }
@@ -129,8 +146,8 @@ impl SamplingParams {
 
     fn validate_distribution(&self) -> Result<()> {
         let t = self.temperature;
-        if !(t.is_finite() && t >= 0.0) {
-            let message = format!("must be a finite number >= 0 (0 means greedy), got {t}");
+        if !(0.0..=MAX_TEMPERATURE).contains(&t) {
+            let message = format!("must be in [0, {MAX_TEMPERATURE}] (0 means greedy), got {t}");
             return Err(invalid("temperature", message));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
@@ -146,8 +163,9 @@ impl SamplingParams {
 
     fn validate_penalties(&self) -> Result<()> {
         let r = self.repetition_penalty;
-        if !(r.is_finite() && r > 0.0) {
-            let message = format!("must be a finite number > 0 (1 disables it), got {r}");
+        let (low, high) = REPETITION_PENALTY_RANGE;
+        if !(low..=high).contains(&r) {
+            let message = format!("must be in [{low}, {high}] (1 disables it), got {r}");
             return Err(invalid("repetition_penalty", message));
         }
         for (param, value) in [
@@ -183,8 +201,26 @@ impl SamplingParams {
             );
             return Err(invalid("score_token_ids", message));
         }
+        self.validate_stop()
+    }
+
+    fn validate_stop(&self) -> Result<()> {
+        if self.stop.len() > MAX_STOP_STRINGS {
+            let message = format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                self.stop.len()
+            );
+            return Err(invalid("stop", message));
+        }
         if let Some(stop_idx) = self.stop.iter().position(String::is_empty) {
             let message = format!("stop string {stop_idx} is empty");
+            return Err(invalid("stop", message));
+        }
+        if let Some(stop_idx) = self.stop.iter().position(|s| s.len() > MAX_STOP_BYTES) {
+            let message = format!(
+                "stop string {stop_idx} is {} bytes; at most {MAX_STOP_BYTES}",
+                self.stop[stop_idx].len()
+            );
             return Err(invalid("stop", message));
         }
         Ok(())
@@ -305,7 +341,17 @@ impl Sampler {
         self.candidates.extend(indexed);
         for (&token, &count) in &self.counts {
             if let Some(candidate) = self.candidates.get_mut(token as usize) {
-                candidate.1 = penalise(&self.params, candidate.1, count);
+                let penalised = penalise(&self.params, candidate.1, count);
+                // A finite logit can still overflow (a logit near f32's limit divided by a
+                // penalty below 1): refuse the row rather than draw from `inf - inf = NaN`.
+                if penalised.is_nan() || penalised == f32::INFINITY {
+                    let message = format!(
+                        "the penalties turned logit {token} ({}) into {penalised}; cannot sample",
+                        candidate.1
+                    );
+                    return Err(EngineError::Invalid(message));
+                }
+                candidate.1 = penalised;
             }
         }
         Ok(())
@@ -839,6 +885,69 @@ mod tests {
                 other => panic!("{param}: expected InvalidSampling, got {other:?} for {params:?}"),
             }
             assert!(Sampler::new(params, &[]).is_err());
+        }
+    }
+
+    /// Issue 20: a value that passes validation keeps every logit finite, and each parameter
+    /// has an upper end as well as a lower one.
+    #[test]
+    fn validate_bounds_every_parameter() {
+        type Edit = fn(&mut SamplingParams);
+        let refused: [(&str, Edit); 9] = [
+            ("repetition_penalty", |p| p.repetition_penalty = 1e-45),
+            ("repetition_penalty", |p| p.repetition_penalty = 0.009),
+            ("repetition_penalty", |p| p.repetition_penalty = 100.5),
+            ("temperature", |p| p.temperature = 1000.5),
+            ("temperature", |p| p.temperature = 1e30),
+            ("stop", |p| p.stop = vec!["a".into(); MAX_STOP_STRINGS + 1]),
+            ("stop", |p| p.stop = vec!["x".repeat(MAX_STOP_BYTES + 1)]),
+            ("stop", |p| {
+                p.stop = vec!["ok".into(), "é".repeat(MAX_STOP_BYTES / 2 + 1)];
+            }),
+            ("presence_penalty", |p| p.presence_penalty = f32::INFINITY),
+        ];
+        for (param, edit) in refused {
+            let mut params = SamplingParams::default();
+            edit(&mut params);
+            match params.validate() {
+                Err(EngineError::InvalidSampling { param: got, .. }) => assert_eq!(got, param),
+                other => panic!("{param}: expected InvalidSampling, got {other:?}"),
+            }
+        }
+        let accepted: [Edit; 6] = [
+            |p| p.repetition_penalty = REPETITION_PENALTY_RANGE.0,
+            |p| p.repetition_penalty = REPETITION_PENALTY_RANGE.1,
+            |p| p.temperature = MAX_TEMPERATURE,
+            |p| p.top_k = usize::MAX,
+            |p| p.stop = vec!["x".repeat(MAX_STOP_BYTES); MAX_STOP_STRINGS],
+            |p| p.seed = Some(u64::MAX),
+        ];
+        for edit in accepted {
+            let mut params = SamplingParams::default();
+            edit(&mut params);
+            params.validate().unwrap();
+        }
+    }
+
+    /// A logit near f32's limit divided by a penalty below 1 overflows: the sampler refuses the
+    /// row (the engine then fails that request alone) instead of drawing from NaN or returning
+    /// the `inf` token as greedy's best.
+    #[test]
+    fn a_penalty_that_overflows_a_logit_is_an_error() {
+        let logits = [3e37f32, 1.0, -2.0];
+        for temperature in [0.0, 1.0] {
+            let params = SamplingParams {
+                temperature,
+                repetition_penalty: REPETITION_PENALTY_RANGE.0,
+                ..seeded(3)
+            };
+            let mut s = Sampler::new(params.clone(), &[0]).unwrap();
+            let error = s.sample(&logits).unwrap_err().to_string();
+            assert!(error.contains("penalties"), "{error}");
+            assert_eq!(s.num_generated(), 0);
+            // Without the token in the prompt the same row samples.
+            let mut s = Sampler::new(params, &[1]).unwrap();
+            assert_eq!(s.sample(&logits).unwrap(), 0);
         }
     }
 

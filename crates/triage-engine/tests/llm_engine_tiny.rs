@@ -548,3 +548,117 @@ fn scored_token_ids_report_their_raw_logprobs() {
     let err = triage_engine::relevance::relevance_scores(&mut engine, "q", &["p"]).unwrap_err();
     assert!(err.to_string().contains("yes/no"), "{err}");
 }
+
+/// The tiny model with its final norm scaled by `scale`: every logit is `scale` times the
+/// tiny model's (the same argmax), so logits can sit near f32's limit while staying finite.
+fn tiny_scaled_logits(scale: f64) -> (tempfile::TempDir, Arc<Model>) {
+    use candle_core::quantized::{gguf_file, QTensor};
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.gguf");
+    write_tiny_gguf(&plain, &TinySpec::new(Architecture::Qwen2), GgmlDType::F32).unwrap();
+    let mut reader = std::fs::File::open(&plain).unwrap();
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    let cpu = candle_core::Device::Cpu;
+    let tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = content.tensor(&mut reader, name, &cpu).unwrap();
+            if name != "output_norm.weight" {
+                return (name.clone(), t);
+            }
+            let scaled = (t.dequantize(&cpu).unwrap() * scale).unwrap();
+            (
+                name.clone(),
+                QTensor::quantize(&scaled, GgmlDType::F32).unwrap(),
+            )
+        })
+        .collect();
+    let path = dir.path().join("scaled.gguf");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let metadata: Vec<_> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let refs: Vec<_> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    gguf_file::write(&mut file, &metadata, &refs).unwrap();
+    let model = Model::load("tiny", &path, &LoadOptions::default()).unwrap();
+    (dir, Arc::new(model))
+}
+
+/// Issue 20: a request whose sampling fails (its repetition penalty, in range, overflows a
+/// logit of a model whose logits are near f32's limit) ends alone with `FinishReason::Error`;
+/// the step succeeds, and the request batched with it runs to its end with the tokens it gets
+/// alone. Before, the step failed and the server cancelled every request on the model.
+#[test]
+fn a_sampling_failure_ends_only_its_own_request() {
+    let (_dir, model) = tiny_scaled_logits(2e36);
+    let healthy = request(1);
+    let failing = GenerateRequest {
+        params: SamplingParams {
+            repetition_penalty: 0.01,
+            seed: Some(5),
+            max_tokens: Some(8),
+            ignore_eos: true,
+            ..Default::default()
+        },
+        ..request(0)
+    };
+    assert!(failing.params.validate().is_ok(), "a valid request");
+    let (expected, _) = alone(&model, &healthy);
+    let mut engine = LlmEngine::new(model.clone(), EngineConfig::default()).unwrap();
+    let (_, rx_bad) = engine.add_request(&failing).unwrap();
+    let (_, rx_ok) = engine.add_request(&healthy).unwrap();
+    while engine.has_unfinished() {
+        engine
+            .step()
+            .expect("one request's sampling does not fail the step");
+    }
+    let last = |rx: &std::sync::mpsc::Receiver<StreamEvent>| {
+        let events: Vec<_> = rx.try_iter().collect();
+        let ids: Vec<u32> = events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::Token(t, _) => Some(t.id),
+                _ => None,
+            })
+            .collect();
+        match events.last() {
+            Some(StreamEvent::Finished { reason, .. }) => (ids, reason.clone()),
+            other => panic!("no finish: {other:?}"),
+        }
+    };
+    let (bad_ids, bad_reason) = last(&rx_bad);
+    match bad_reason {
+        FinishReason::Error(message) => assert!(message.contains("penalties"), "{message}"),
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert!(bad_ids.is_empty(), "failed at its first token: {bad_ids:?}");
+    assert_eq!(last(&rx_ok), (expected, FinishReason::Length));
+    assert_eq!(engine.scheduler().kv().pool().num_used(), 0);
+}
+
+/// After a failed step the worker ends every request with an error, never a normal finish.
+#[test]
+fn fail_all_ends_every_request_with_an_error() {
+    let (_dir, model) = tiny();
+    let mut engine = LlmEngine::new(model, EngineConfig::default()).unwrap();
+    let rxs: Vec<_> = (0..3)
+        .map(|i| engine.add_request(&request(i)).unwrap().1)
+        .collect();
+    engine.step().unwrap();
+    engine.fail_all("the forward pass failed");
+    assert!(!engine.has_unfinished());
+    assert_eq!(engine.scheduler().kv().pool().num_used(), 0);
+    for rx in rxs {
+        let finish = rx.try_iter().find_map(|e| match e {
+            StreamEvent::Finished { reason, .. } => Some(reason),
+            _ => None,
+        });
+        assert_eq!(
+            finish,
+            Some(FinishReason::Error("the forward pass failed".into()))
+        );
+    }
+}

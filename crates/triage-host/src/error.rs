@@ -144,10 +144,13 @@ pub fn error_kind(error: &(dyn std::error::Error + 'static)) -> Option<ErrorKind
 }
 
 /// A request's parameters, a prompt beyond the context, a chat the template cannot render:
-/// the caller's. Tensor and kernel failures: the engine's.
+/// the caller's. Tensor and kernel failures, and an admitted request that failed inside the
+/// engine: the engine's.
 fn engine_kind(e: &EngineError) -> ErrorKind {
     match e {
-        EngineError::Candle(_) | EngineError::Ops(_) => ErrorKind::Internal,
+        EngineError::Candle(_) | EngineError::Ops(_) | EngineError::RequestFailed(_) => {
+            ErrorKind::Internal
+        }
         _ => ErrorKind::Caller,
     }
 }

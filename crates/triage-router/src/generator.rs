@@ -95,6 +95,14 @@ fn run_on_engine(
                         }
                     }
                     StreamEvent::Text(text) => partial[i].0.push_str(&text),
+                    StreamEvent::Finished {
+                        reason: FinishReason::Error(message),
+                        ..
+                    } => {
+                        return Err(RouterError::Engine(
+                            triage_engine::EngineError::RequestFailed(message),
+                        ));
+                    }
                     StreamEvent::Finished { reason, usage } => {
                         let (text, tokens) = std::mem::take(&mut partial[i]);
                         out[i] = Some(Generated {

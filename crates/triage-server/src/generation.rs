@@ -114,6 +114,7 @@ pub async fn collect(
             StreamEvent::Text(piece) => text.push_str(&piece),
             StreamEvent::Finished { reason, usage } => {
                 timer.finish(&usage);
+                let reason = responses::finish_reason(&reason)?;
                 let done = Completed {
                     text,
                     tokens,
@@ -177,6 +178,10 @@ impl StreamState {
             }
             Some(StreamEvent::Finished { reason, usage }) => {
                 self.timer.finish(&usage);
+                let reason = match responses::finish_reason(&reason) {
+                    Ok(reason) => reason,
+                    Err(error) => return self.end_with_error(&error),
+                };
                 let piece = Piece {
                     text: matches!(self.meta.endpoint, Endpoint::Completion { .. }).then_some(""),
                     finish: Some(reason),
@@ -194,12 +199,19 @@ impl StreamState {
             }
             None => {
                 let error = ApiError::internal("the engine ended the request without finishing it");
-                self.queued
-                    .push_back(Event::default().data(error.body().to_string()));
-                self.queued.push_back(Event::default().data("[DONE]"));
-                self.done = true;
+                self.end_with_error(&error);
             }
         }
+    }
+
+    /// End the stream with OpenAI's error object as its last chunk (the status line has long
+    /// been sent): the official clients raise it as an `APIError` instead of treating the
+    /// stream as complete, and no chunk carries a `finish_reason`.
+    fn end_with_error(&mut self, error: &ApiError) {
+        self.queued
+            .push_back(Event::default().data(error.body().to_string()));
+        self.queued.push_back(Event::default().data("[DONE]"));
+        self.done = true;
     }
 }
 

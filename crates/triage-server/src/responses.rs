@@ -7,6 +7,8 @@ use triage_engine::generate::{FinishReason, TokenOutput};
 use triage_engine::llm_engine::Usage;
 use triage_models::model::Model;
 
+use crate::api_error::ApiError;
+
 /// Tokens whose entropy is averaged for the routing signal (the brief's m = 30).
 pub const ENTROPY_WINDOW: usize = 30;
 
@@ -31,14 +33,27 @@ pub struct ResponseMeta {
 pub struct Completed {
     pub text: String,
     pub tokens: Vec<TokenOutput>,
-    pub reason: FinishReason,
+    /// OpenAI's `finish_reason` (see [`finish_reason`]).
+    pub reason: &'static str,
     pub usage: Usage,
 }
 
-pub fn finish_reason(reason: FinishReason) -> &'static str {
+/// OpenAI's `finish_reason` for a generation that ended by itself; a request the engine cut off
+/// has none and is answered with an error instead, never a normal-looking `"stop"`:
+/// - an engine error (its sampling failed, or the step it was in) is a logged 500;
+/// - a cancellation reaches a live request only at a forced shutdown (a client that went away
+///   has nobody to tell), so it is a 503: the request was not at fault, and a retry once the
+///   server is back can succeed.
+pub fn finish_reason(reason: &FinishReason) -> Result<&'static str, ApiError> {
     match reason {
-        FinishReason::Length => "length",
-        FinishReason::Stop | FinishReason::Escalate | FinishReason::Cancelled => "stop",
+        FinishReason::Length => Ok("length"),
+        FinishReason::Stop | FinishReason::Escalate => Ok("stop"),
+        FinishReason::Cancelled => Err(ApiError::unavailable(
+            "the server cancelled this request before it finished (shutting down); retry later",
+        )),
+        FinishReason::Error(message) => Err(ApiError::internal(format!(
+            "generation failed for this request: {message}"
+        ))),
     }
 }
 
@@ -127,7 +142,7 @@ fn entropy_extension(tokens: &[TokenOutput]) -> Value {
 /// The non-streaming body.
 pub fn full_body(meta: &ResponseMeta, model: &Model, done: &Completed) -> Value {
     let lp = logprobs(meta, model, &done.tokens, 0);
-    let reason = finish_reason(done.reason);
+    let reason = done.reason;
     let choice = match meta.endpoint {
         Endpoint::Chat { .. } => json!({
             "index": 0,
@@ -167,7 +182,8 @@ pub struct Piece<'a> {
     pub tokens: &'a [TokenOutput],
     /// Byte offset of `text` in the whole output (legacy logprobs).
     pub offset: usize,
-    pub finish: Option<FinishReason>,
+    /// OpenAI's `finish_reason`, on the last chunk of a generation that ended by itself.
+    pub finish: Option<&'static str>,
 }
 
 /// A stream chunk; `include_usage` streams carry `"usage": null` until the usage chunk.
@@ -177,7 +193,7 @@ pub fn chunk(meta: &ResponseMeta, model: &Model, piece: &Piece, include_usage: b
     } else {
         logprobs(meta, model, piece.tokens, piece.offset)
     };
-    let finish = piece.finish.map(finish_reason);
+    let finish = piece.finish;
     let mut choice = match meta.endpoint {
         Endpoint::Chat { .. } => {
             let mut delta = serde_json::Map::new();

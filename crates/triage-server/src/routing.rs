@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use triage_engine::generate::{tokenize_prompt, GenerateRequest, TokenOutput};
+use triage_engine::generate::{tokenize_prompt, FinishReason, GenerateRequest, TokenOutput};
 use triage_engine::llm_engine::StreamEvent;
+use triage_engine::EngineError;
 use triage_host::{Host, HostError, ModelAccess};
 use triage_models::model::Model;
 use triage_retrieval::BertEmbedder;
@@ -53,7 +54,7 @@ fn drain(
                     return Ok(Generated {
                         text,
                         tokens,
-                        finish_reason: triage_engine::generate::FinishReason::Cancelled,
+                        finish_reason: FinishReason::Cancelled,
                         // A stopped request's usage never arrives (its listener is gone): the
                         // prompt is counted here, its cached part is unknown.
                         usage: triage_engine::llm_engine::Usage {
@@ -66,6 +67,15 @@ fn drain(
                 }
             }
             StreamEvent::Text(piece) => text.push_str(&piece),
+            StreamEvent::Finished { reason, .. } if !reason.is_normal() => {
+                // The engine cut the request off (an engine error, a forced shutdown): the
+                // pipeline's answer would be partial, so it fails rather than look finished.
+                let message = match reason {
+                    FinishReason::Error(message) => message,
+                    _ => "the engine cancelled the request (shutting down)".to_string(),
+                };
+                return Err(RouterError::Engine(EngineError::RequestFailed(message)));
+            }
             StreamEvent::Finished { reason, usage } => {
                 return Ok(Generated {
                     text,

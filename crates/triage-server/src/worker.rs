@@ -272,10 +272,12 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
         }
         if engine.has_unfinished() {
             if let Err(e) = engine.step() {
-                // A tensor failure mid-step: end every request (their clients see the stream
-                // stop with what they had) rather than loop on the same failure.
-                tracing::error!(error = %e, "engine step failed; cancelling its requests");
-                engine.cancel_all();
+                // The forward pass every scheduled request shares failed: end every request with
+                // the error (their clients get a 500, not a normal finish) rather than loop on
+                // the same failure. One request's sampling failure never gets here: the engine
+                // ends that request alone.
+                tracing::error!(error = %e, "engine step failed; failing its requests");
+                engine.fail_all(&e.to_string());
             }
         }
         publish(&engine, stats);

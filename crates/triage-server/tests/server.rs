@@ -926,3 +926,86 @@ async fn bad_pipeline_requests_are_client_errors() {
         .await;
     assert_eq!(status, 200);
 }
+
+/// Issue 20: a sampling parameter out of its sane range is a 400 naming it, before anything
+/// runs (a repetition penalty of 1e-45 used to reach the sampler and cut off every request on
+/// the model), and so is a stop string past the bound on what the stop checker holds back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_sampling_is_a_400_naming_the_parameter() {
+    let server = TestServer::start(|_| {}).await;
+    let cases = [
+        ("repetition_penalty", json!(1e-45)),
+        ("repetition_penalty", json!(1000)),
+        ("temperature", json!(1e30)),
+        ("stop", json!(["x".repeat(1025)])),
+        ("stop", json!(["ok", "é".repeat(600)])),
+    ];
+    for (param, value) in cases {
+        let mut body = chat_body("hi", 4);
+        body[param] = value;
+        let (status, error) = server.post("/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{param}: {error}");
+        assert_eq!(error["error"]["param"], param, "{error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    }
+    let mut body = chat_body("hi", 4);
+    body["repetition_penalty"] = json!(1.3);
+    body["stop"] = json!(["y".repeat(1024)]);
+    assert_eq!(server.post("/v1/chat/completions", &body).await.0, 200);
+    assert_eq!(server.get("/health").await.0, 200);
+    server.wait_idle().await;
+}
+
+/// Issue 20: requests the engine cancels at a forced shutdown are not reported as finished with
+/// `"stop"`: a plain request gets a 503 with OpenAI's error body, a stream ends with an error
+/// chunk and no `finish_reason`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_cancelled_at_shutdown_are_errors_not_stops() {
+    let mut server = TestServer::start(|c| c.server.shutdown_timeout_s = 0).await;
+    let url = format!("{}/v1/chat/completions", server.url);
+    let plain = tokio::spawn({
+        let url = url.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .json(&chat_body("a long answer please", 4000))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    });
+    let mut body = chat_body("another long answer", 4000);
+    body["stream"] = json!(true);
+    let response = reqwest::Client::new()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let start = Instant::now();
+    while server.pending() < 2 || server.blocks_used() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "both in flight");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.signal_shutdown();
+    let events = sse_data(&response.text().await.unwrap());
+    let last_json: Value = events
+        .iter()
+        .rev()
+        .find(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .unwrap();
+    assert!(last_json["error"]["message"].is_string(), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .all(|c| c["choices"][0]["finish_reason"].is_null()),
+        "no chunk reports a normal finish: {events:?}"
+    );
+    let (status, error) = plain.await.unwrap();
+    assert_eq!(status, 503, "{error}");
+    assert!(error["error"]["message"].is_string(), "{error}");
+}
