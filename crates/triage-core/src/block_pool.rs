@@ -32,6 +32,7 @@ pub struct BlockPool {
     head: u32,
     tail: u32,
     num_free: usize,
+    num_pinned: usize,
     cached: HashMap<BlockHash, BlockId>,
 }
 
@@ -51,6 +52,7 @@ impl BlockPool {
             head: NIL,
             tail: NIL,
             num_free: 0,
+            num_pinned: 0,
             cached: HashMap::new(),
         };
         for id in 1..pool.blocks.len() as u32 {
@@ -70,6 +72,11 @@ impl BlockPool {
     }
 
     /// Blocks referenced by at least one request or pinned.
+    /// Blocks pinned (kept resident for a prefix), whoever else holds them.
+    pub fn num_pinned(&self) -> usize {
+        self.num_pinned
+    }
+
     pub fn num_used(&self) -> usize {
         self.num_total() - self.num_free
     }
@@ -136,6 +143,9 @@ impl BlockPool {
         if self.blocks[id as usize].in_free_queue {
             self.unlink(id);
         }
+        if !self.blocks[id as usize].pinned {
+            self.num_pinned += 1;
+        }
         self.blocks[id as usize].pinned = true;
     }
 
@@ -144,10 +154,17 @@ impl BlockPool {
         let block = &mut self.blocks[id as usize];
         if block.pinned {
             block.pinned = false;
-            if block.ref_count == 0 {
+            let free = block.ref_count == 0;
+            self.num_pinned -= 1;
+            if free {
                 self.push_back(id);
             }
         }
+    }
+
+    /// Whether `id` is pinned.
+    pub fn is_pinned(&self, id: BlockId) -> bool {
+        self.blocks[id as usize].pinned
     }
 
     /// References held on a block.

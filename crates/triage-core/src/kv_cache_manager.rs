@@ -113,12 +113,13 @@ impl KvCacheManager {
         };
         let needed_blocks = (num_tokens_before + num_new_tokens).div_ceil(self.block_size);
         let new_blocks = needed_blocks.saturating_sub(held);
-        // Reviving cached blocks from the free queue also takes free blocks.
+        // Reviving cached blocks from the free queue also takes free blocks; pinned blocks are
+        // not in it (counting them made a request over a pinned corpus wait forever).
         let revived = if first_call {
             computed
                 .blocks
                 .iter()
-                .filter(|&&b| self.pool.ref_count(b) == 0)
+                .filter(|&&b| self.pool.ref_count(b) == 0 && !self.pool.is_pinned(b))
                 .count()
         } else {
             0
@@ -164,6 +165,17 @@ impl KvCacheManager {
     }
 
     /// The block table of a request.
+    /// The most blocks a request sharing the cached prefix `computed` could ever hold: every
+    /// block but the pinned ones it does not share. Other requests' blocks count: they end.
+    pub fn attainable_blocks(&self, computed: &ComputedBlocks) -> usize {
+        let shared_pinned = computed
+            .blocks
+            .iter()
+            .filter(|&&b| self.pool.is_pinned(b))
+            .count();
+        self.pool.num_total() - self.pool.num_pinned() + shared_pinned
+    }
+
     pub fn block_table(&self, req: RequestId) -> Option<&[BlockId]> {
         self.requests.get(&req).map(|r| r.blocks.as_slice())
     }

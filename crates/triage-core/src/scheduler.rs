@@ -75,12 +75,27 @@ pub struct ScheduledRequest {
     pub samples: bool,
 }
 
+/// A request that can never get its blocks: it ran out (or could not start) with no other
+/// request holding any, so only the pinned prefixes stand in its way. It left the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    pub id: RequestId,
+    /// Blocks it needed for this step.
+    pub num_blocks_needed: usize,
+    /// Blocks free (or evictable) when it was refused.
+    pub num_blocks_free: usize,
+    /// Prompt tokens it had found cached (for its usage).
+    pub num_cached_tokens: usize,
+}
+
 /// What to run this step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SchedulerOutput {
     pub scheduled: Vec<ScheduledRequest>,
     /// Requests whose blocks were taken back this step; they recompute when rescheduled.
     pub preempted: Vec<RequestId>,
+    /// Requests that can never run with the blocks there are; the caller ends them.
+    pub refused: Vec<Refused>,
 }
 
 impl SchedulerOutput {
@@ -168,6 +183,12 @@ impl Scheduler {
                 idx += 1;
                 continue;
             }
+            if self.running.len() == 1 {
+                // Alone and still out of blocks: preempting itself would only restart it.
+                let needed = (req.num_computed_tokens + num_new).div_ceil(self.kv.block_size());
+                out.refused.push(self.refuse_running(needed));
+                break;
+            }
             // Out of blocks: preempt the newest running request (possibly this one) and retry.
             let victim = self
                 .running
@@ -194,7 +215,21 @@ impl Scheduler {
                 .allocate_slots(id, tokens, num_new, &computed, salt)
                 .is_none()
             {
-                break;
+                if !self.running.is_empty() {
+                    break; // it waits for running requests to free their blocks
+                }
+                // Nothing else holds a block, so it never will fit: refuse it, try the next.
+                let needed =
+                    (computed.num_computed_tokens + num_new).div_ceil(self.kv.block_size());
+                let num_cached_tokens = req.num_cached_tokens;
+                out.refused.push(Refused {
+                    id,
+                    num_blocks_needed: needed,
+                    num_blocks_free: self.kv.pool().num_free(),
+                    num_cached_tokens,
+                });
+                self.waiting.pop_front();
+                continue;
             }
             let mut req = self.waiting.pop_front().expect("front() was Some");
             req.num_computed_tokens = computed.num_computed_tokens;
@@ -207,6 +242,19 @@ impl Scheduler {
             budget -= num_new;
         }
         out
+    }
+
+    /// Take the one running request out, freeing its blocks, as refused.
+    fn refuse_running(&mut self, num_blocks_needed: usize) -> Refused {
+        let (id, num_cached_tokens) = (self.running[0].id, self.running[0].num_cached_tokens);
+        self.kv.free(id);
+        self.running.clear();
+        Refused {
+            id,
+            num_blocks_needed,
+            num_blocks_free: self.kv.pool().num_free(),
+            num_cached_tokens,
+        }
     }
 
     fn scheduled(&self, idx: usize, num_new: usize) -> ScheduledRequest {
@@ -391,5 +439,66 @@ mod tests {
         assert!(s.cancel(2).is_some());
         assert_eq!(s.kv().pool().num_used(), 0);
         assert!(s.cancel(3).is_none());
+    }
+
+    /// Pin `num_blocks` blocks' worth of a prefix (as a loaded corpus does).
+    fn pin(s: &mut Scheduler, num_blocks: usize) -> Vec<u32> {
+        let prefix: Vec<u32> = (0..num_blocks as u32 * 4).map(|t| 7 + t).collect();
+        let (handle, _) = s.kv_mut().import_prefix(&prefix, None).unwrap();
+        assert_eq!(handle.blocks.len(), num_blocks);
+        prefix
+    }
+
+    /// A request over a pinned prefix starts with the blocks the pins leave (the pinned blocks
+    /// are shared, not taken from the free ones), and when it outgrows them, alone, it is
+    /// refused once instead of preempting itself and starting over forever (the long-context
+    /// hang over a big corpus).
+    #[test]
+    fn a_lone_request_that_outgrows_the_unpinned_blocks_is_refused() {
+        let mut s = scheduler(10, 64); // 9 usable blocks of 4 tokens
+        let prefix = pin(&mut s, 6);
+        let mut prompt = prefix.clone();
+        prompt.extend([1, 2]);
+        s.add_request(Request::new(1, prompt, 1000));
+        let mut refused = None;
+        for _ in 0..100 {
+            let (out, done) = step(&mut s);
+            assert!(done.is_empty());
+            if let Some(r) = out.refused.first() {
+                refused = Some(*r);
+                break;
+            }
+        }
+        let r = refused.expect("refused within 100 steps, not looping");
+        assert_eq!(r.id, 1);
+        assert_eq!(
+            r.num_cached_tokens, 24,
+            "the pinned prefix was shared: {r:?}"
+        );
+        assert_eq!(r.num_blocks_needed, 10, "{r:?}");
+        assert_eq!((s.num_running(), s.num_waiting()), (0, 0));
+        assert_eq!(s.kv().pool().num_used(), 6, "only the pins hold blocks");
+    }
+
+    /// A waiting request that cannot start with nothing running is refused and the next one
+    /// runs; one that only waits for running requests to finish is not.
+    #[test]
+    fn a_head_that_can_never_start_is_refused_and_the_queue_moves_on() {
+        let mut s = scheduler(10, 64);
+        pin(&mut s, 7); // 2 blocks left
+        s.add_request(Request::new(1, (500..516).collect(), 4)); // 4+ blocks
+        s.add_request(Request::new(2, vec![1, 2, 3], 2)); // 2 blocks
+        let out = s.schedule();
+        assert_eq!(out.refused.len(), 1);
+        assert_eq!(out.refused[0].id, 1);
+        assert_eq!(out.refused[0].num_blocks_free, 2);
+        assert_eq!(plan(&out), vec![(2, 0, 3)]);
+        // With room taken by a running request, a newcomer waits instead.
+        let mut s = scheduler(10, 64);
+        s.add_request(Request::new(1, (0..20).collect(), 4)); // 5 blocks at first
+        s.add_request(Request::new(2, (100..116).collect(), 2)); // needs 4, 4 left... then 3
+        let out = s.schedule();
+        assert!(out.refused.is_empty());
+        assert_eq!(plan(&out), vec![(1, 0, 20), (2, 0, 16)]);
     }
 }

@@ -216,11 +216,16 @@ impl LlmEngine {
         }
         let max_tokens =
             resolve_max_tokens(prompt.len(), params.max_tokens, self.model.context_length())?;
-        let blocks_needed = (prompt.len() + max_tokens).div_ceil(self.scheduler.kv().block_size());
-        if blocks_needed > self.scheduler.kv().pool().num_total() {
+        let kv = self.scheduler.kv();
+        let blocks_needed = (prompt.len() + max_tokens).div_ceil(kv.block_size());
+        // Pinned prefixes the request does not share can never be had.
+        let attainable = kv.attainable_blocks(&kv.get_computed_blocks(&prompt, None));
+        if blocks_needed > attainable {
             return Err(EngineError::Invalid(format!(
-                "prompt plus max_tokens needs {blocks_needed} KV blocks, the pool has {}",
-                self.scheduler.kv().pool().num_total()
+                "prompt plus max_tokens needs {blocks_needed} KV blocks; the pool has {} and \
+                 {} of them hold pinned prefixes this request does not share",
+                kv.pool().num_total(),
+                kv.pool().num_total() - attainable
             )));
         }
         let id = self.next_id;
@@ -292,6 +297,18 @@ impl LlmEngine {
         gone.into_iter().for_each(|id| self.cancel(id));
         let plan = self.scheduler.schedule();
         self.num_preemptions += plan.preempted.len();
+        for refused in &plan.refused {
+            let message = format!(
+                "the request needs {} KV blocks and only {} can be had (the others hold pinned \
+                 prefixes); raise kv_budget or ask for fewer tokens",
+                refused.num_blocks_needed, refused.num_blocks_free
+            );
+            self.finish(
+                refused.id,
+                FinishReason::Error(message),
+                refused.num_cached_tokens,
+            );
+        }
         if plan.scheduled.is_empty() {
             return Ok(0);
         }

@@ -254,6 +254,43 @@ fn run_one(engine: &mut LlmEngine, request: &GenerateRequest) -> (Vec<u32>, Usag
     (ids, usage.expect("finished"))
 }
 
+/// A question over a pinned prefix that holds most of the pool gets the blocks the pin leaves
+/// (the pinned blocks are shared, not taken from the free ones) and answers as it would alone;
+/// a request that does not share the pin and needs more than the pin leaves is refused when it
+/// is added. Before, the first waited forever at the head of the queue.
+#[test]
+fn a_question_over_a_pinned_prefix_that_fills_most_of_the_pool_is_answered() {
+    let (_dir, model) = tiny();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    // 15 usable blocks: the pin takes 7, the question needs 13 in all, 6 of them new.
+    let mut engine = LlmEngine::new(model.clone(), config(16)).unwrap();
+    let (handle, _) = engine.pin_prefix(&corpus).unwrap();
+    assert_eq!(handle.blocks.len(), 7);
+    let (_, rx) = engine.add_request(&question).unwrap();
+    for _ in 0..200 {
+        if !engine.has_unfinished() {
+            break;
+        }
+        engine.step().unwrap();
+    }
+    assert!(!engine.has_unfinished(), "answered within 200 steps");
+    let ids: Vec<u32> = rx
+        .try_iter()
+        .filter_map(|ev| match ev {
+            StreamEvent::Token(t, _) => Some(t.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, expected);
+    let unshared = GenerateRequest {
+        prompt: Prompt::Tokens((1..30).collect()),
+        ..question.clone()
+    };
+    let err = engine.add_request(&unshared).unwrap_err().to_string();
+    assert!(err.contains("pinned prefixes"), "{err}");
+}
+
 #[test]
 fn a_persisted_prefix_survives_a_restart_and_gives_the_same_output() {
     let (_dir, model) = tiny();
