@@ -134,6 +134,73 @@ fn with_route(mut response: Response, path: RoutePath) -> Response {
 }
 
 /// A chat completion answered by the pipeline.
+/// The pipeline decodes greedily, one answer, without logprobs or stop strings: a request
+/// asking otherwise is refused naming the parameter rather than silently answered differently.
+fn refuse_unhonoured(request: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let c = &request.common;
+    let greedy =
+        "the routing pipeline decodes greedily; leave it out or set it to its neutral value";
+    let checks: [(&str, bool, &str); 13] = [
+        (
+            "n",
+            c.n.is_some_and(|n| n != 1),
+            "the routing pipeline gives one answer",
+        ),
+        (
+            "logprobs",
+            request.logprobs,
+            "the routing pipeline returns no logprobs",
+        ),
+        (
+            "top_logprobs",
+            request.top_logprobs.is_some(),
+            "the routing pipeline returns no logprobs",
+        ),
+        (
+            "stop",
+            c.stop.is_some(),
+            "the routing pipeline takes no stop strings",
+        ),
+        (
+            "stop_token_ids",
+            !c.stop_token_ids.is_empty(),
+            "the routing pipeline takes no stop tokens",
+        ),
+        (
+            "ignore_eos",
+            c.ignore_eos,
+            "the routing pipeline stops at the end of an answer",
+        ),
+        (
+            "temperature",
+            c.temperature.is_some_and(|t| t != 0.0),
+            greedy,
+        ),
+        ("top_p", c.top_p.is_some_and(|p| p != 1.0), greedy),
+        ("top_k", c.top_k.is_some_and(|k| k != 0), greedy),
+        ("min_p", c.min_p.is_some_and(|p| p != 0.0), greedy),
+        (
+            "presence_penalty",
+            c.presence_penalty.is_some_and(|p| p != 0.0),
+            greedy,
+        ),
+        (
+            "frequency_penalty",
+            c.frequency_penalty.is_some_and(|p| p != 0.0),
+            greedy,
+        ),
+        (
+            "repetition_penalty",
+            c.repetition_penalty.is_some_and(|p| p != 1.0),
+            greedy,
+        ),
+    ];
+    match checks.iter().find(|(_, asked, _)| *asked) {
+        Some((param, _, why)) => Err(ApiError::invalid_param(param, *why)),
+        None => Ok(()),
+    }
+}
+
 pub async fn chat(
     state: Arc<AppState>,
     request: ChatCompletionRequest,
@@ -141,6 +208,7 @@ pub async fn chat(
     created: u64,
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
+    refuse_unhonoured(&request)?;
     let ext = extension(request.triage.as_ref())?;
     let question = match request
         .messages

@@ -655,6 +655,12 @@ fn documents() -> Value {
     Value::Array(docs)
 }
 
+/// `body` with `key` set to `value`.
+fn with(mut body: Value, key: &str, value: Value) -> Value {
+    body[key] = value;
+    body
+}
+
 fn ask(question: &str, triage: Value) -> Value {
     json!({
         "model": "triage",
@@ -867,6 +873,30 @@ async fn bad_pipeline_requests_are_client_errors() {
             Some("triage"),
         ),
         (ask("q", json!({"corpus": "nope"})), 404, Some("corpus")),
+        (
+            with(ask("q", json!({"corpus": "docs"})), "n", json!(2)),
+            400,
+            Some("n"),
+        ),
+        (
+            with(ask("q", json!({"corpus": "docs"})), "logprobs", json!(true)),
+            400,
+            Some("logprobs"),
+        ),
+        (
+            with(
+                ask("q", json!({"corpus": "docs"})),
+                "temperature",
+                json!(0.7),
+            ),
+            400,
+            Some("temperature"),
+        ),
+        (
+            with(ask("q", json!({"corpus": "docs"})), "stop", json!(["x"])),
+            400,
+            Some("stop"),
+        ),
         (ask("  ", json!({"corpus": "docs"})), 400, Some("messages")),
     ];
     for (body, expected, param) in cases {
