@@ -41,7 +41,15 @@ impl From<HostError> for ApiError {
                 code: Some("overloaded"),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, message)
             },
-            ErrorKind::Internal => Self::internal(message),
+            // The host's internal errors name files (a corpus's index, a model's path): they are
+            // logged whole, and the client is told only that the server failed.
+            ErrorKind::Internal => {
+                tracing::error!(%message, "internal error");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal server error; the server log has the details",
+                )
+            }
         }
     }
 }
@@ -265,5 +273,20 @@ mod tests {
         let e = ApiError::from(HostError::Internal("lock poisoned".into()));
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(e.body()["error"]["type"], "server_error");
+        // No server path reaches the client.
+        let io = RetrievalError::Io {
+            path: "/srv/triage/corpora/docs/gen-000002/vectors.bin".into(),
+            source: std::io::Error::other("disk on fire"),
+        };
+        for e in [
+            HostError::from(io),
+            HostError::Load {
+                what: "/srv/models/secret.gguf".into(),
+                message: "truncated".into(),
+            },
+        ] {
+            let body = ApiError::from(e).body().to_string();
+            assert!(!body.contains("/srv"), "{body}");
+        }
     }
 }
