@@ -118,6 +118,12 @@ impl<M: ModelAccess> Host<M> {
             .with_generator(|g| self.corpora.unload(g, name))?
     }
 
+    /// Delete a corpus from the store, unloading it first.
+    pub fn delete_corpus(&self, name: &str) -> Result<()> {
+        self.models
+            .with_generator(|g| self.corpora.delete(g, name))?
+    }
+
     /// Names of the loaded corpora.
     pub fn corpora(&self) -> Result<Vec<String>> {
         self.corpora.names()

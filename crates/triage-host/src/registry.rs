@@ -270,6 +270,20 @@ impl CorpusRegistry {
         Ok(())
     }
 
+    /// Delete corpus `name` from the store, unloading it (and releasing its prefix) first.
+    pub fn delete(&self, generator: &mut dyn Generator, name: &str) -> Result<()> {
+        let _guard = self.write_lock()?;
+        if let Some(old) = self.table_mut()?.remove(name) {
+            if let Ok(lc) = &old.long_context {
+                generator.unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
+            }
+        }
+        self.store.delete(name).map_err(|e| match e {
+            triage_retrieval::RetrievalError::UnknownCorpus(n) => HostError::UnknownCorpus(n),
+            other => other.into(),
+        })
+    }
+
     /// The names of the loaded corpora.
     pub fn names(&self) -> Result<Vec<String>> {
         Ok(self.table()?.keys().cloned().collect())

@@ -269,6 +269,24 @@ impl CorpusStore {
         })
     }
 
+    /// Delete corpus `name` whole (refused while another writer holds it). Its folder is
+    /// renamed away first, so it vanishes at once even if removing the files is interrupted.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        check_name(name)?;
+        let dir = self.dir(name);
+        if self.current(name)?.is_none() {
+            return Err(RetrievalError::UnknownCorpus(name.to_string()));
+        }
+        let writer = WriterLock::take(&dir, name)?;
+        let doomed = self
+            .root
+            .join(format!(".deleted-{name}-{}", std::process::id()));
+        std::fs::rename(&dir, &doomed).map_err(io_at(&dir))?;
+        drop(writer);
+        sync_dir(&self.root)?;
+        std::fs::remove_dir_all(&doomed).map_err(io_at(&doomed))
+    }
+
     /// Add or replace `docs` and drop `delete` (document ids) in corpus `name`, creating it if
     /// needed. Unchanged documents keep their chunks and vectors.
     pub fn ingest(

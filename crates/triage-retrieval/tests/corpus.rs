@@ -364,3 +364,33 @@ fn a_second_writer_is_refused_while_the_first_holds_the_corpus() {
         .unwrap();
     assert_eq!(store.open("c").unwrap().num_documents(), 4);
 }
+
+/// Deleting a corpus removes it whole; an unknown one is `UnknownCorpus`; one being written by
+/// another process is busy and stays.
+#[test]
+fn a_corpus_deletes_whole_unless_another_writer_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    store
+        .ingest("c", &docs(), &[], &BagOfWords::new(), &WordOffsets, CHUNKER)
+        .unwrap();
+    let other = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("corpora/c/.lock"))
+        .unwrap();
+    other.lock().unwrap();
+    assert!(matches!(store.delete("c"), Err(RetrievalError::Busy(_))));
+    assert_eq!(store.open("c").unwrap().num_documents(), 3);
+    other.unlock().unwrap();
+    store.delete("c").unwrap();
+    assert!(store.list().unwrap().is_empty());
+    assert!(matches!(
+        store.open("c"),
+        Err(RetrievalError::UnknownCorpus(_))
+    ));
+    assert!(matches!(
+        store.delete("c"),
+        Err(RetrievalError::UnknownCorpus(_))
+    ));
+    assert!(!dir.path().join("corpora/c").exists());
+}

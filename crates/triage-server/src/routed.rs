@@ -444,6 +444,18 @@ pub async fn add_documents(
     Ok(Json(json!({"object": "corpus", "result": change})).into_response())
 }
 
+/// `DELETE /v1/corpora/{name}`: the corpus and its pinned prefix are gone.
+pub async fn delete_corpus(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = crate::app::corpus_name(path)?;
+    let service = service(&state)?;
+    let deleted = name.clone();
+    blocking(move || service.host.delete_corpus(&deleted)).await?;
+    Ok(Json(json!({"id": name, "object": "corpus.deleted", "deleted": true})).into_response())
+}
+
 pub async fn list_documents(
     State(state): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,

@@ -843,6 +843,37 @@ async fn the_pipeline_answers_over_corpora_managed_by_the_api() {
     assert_eq!(ids, ["d2", "d3", "d4", "d5", "d9"]);
 }
 
+/// `DELETE /v1/corpora/{name}` removes a corpus: it is no longer listed, questions over it are
+/// 404s, and deleting it again is a 404 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_corpus_is_gone() {
+    let server = TestServer::start_routed(|_| {}).await;
+    use reqwest::Method;
+    let body = json!({"name": "gone", "documents": documents()});
+    let (status, _, created) = server.send(Method::POST, "/v1/corpora", &body).await;
+    assert_eq!(status, 201, "{created}");
+    let (status, _, deleted) = server
+        .send(Method::DELETE, "/v1/corpora/gone", &Value::Null)
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["deleted"], true);
+    let (_, list) = server.get("/v1/corpora").await;
+    assert!(!list.contains("gone"), "{list}");
+    let (status, _, error) = server
+        .send(
+            Method::POST,
+            "/v1/chat/completions",
+            &ask("where did the dog run", json!({"corpus": "gone"})),
+        )
+        .await;
+    assert_eq!(status, 404, "{error}");
+    let (status, _, error) = server
+        .send(Method::DELETE, "/v1/corpora/gone", &Value::Null)
+        .await;
+    assert_eq!(status, 404, "{error}");
+    assert_eq!(error["error"]["code"], "corpus_not_found");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_pipeline_requests_are_client_errors() {
     let server = TestServer::start_routed(|_| {}).await;
