@@ -16,7 +16,7 @@ pub enum ErrorKind {
     /// What is stored contradicts the configuration (a corpus embedded with another embedder
     /// than the host's) (HTTP 409).
     Conflict,
-    /// Too much work queued: retry later (HTTP 429).
+    /// Busy now (another writer holds the corpus): retry later (HTTP 429).
     Overloaded,
     /// The engine failed (HTTP 500).
     Internal,
@@ -57,8 +57,6 @@ pub enum HostError {
     /// The caller's mistake not covered above.
     #[error("{0}")]
     Invalid(String),
-    #[error("{0}")]
-    Overloaded(String),
     /// The host's own failure (a poisoned lock).
     #[error("{0}")]
     Internal(String),
@@ -85,7 +83,6 @@ impl HostError {
             Self::Config(_) | Self::Invalid(_) | Self::CorpusExists(_) => ErrorKind::Caller,
             Self::UnknownCorpus(_) => ErrorKind::NotFound,
             Self::EmbedderMismatch { .. } => ErrorKind::Conflict,
-            Self::Overloaded(_) => ErrorKind::Overloaded,
             Self::Load { .. } | Self::Internal(_) | Self::Model(_) => ErrorKind::Internal,
             Self::Fetch(e) => fetch_kind(e),
             Self::Router(e) => router_kind(e),
@@ -167,7 +164,7 @@ fn router_kind(e: &RouterError) -> ErrorKind {
 fn retrieval_kind(e: &RetrievalError) -> ErrorKind {
     match e {
         RetrievalError::UnknownCorpus(_) => ErrorKind::NotFound,
-        RetrievalError::Busy(_) => ErrorKind::Conflict,
+        RetrievalError::Busy(_) => ErrorKind::Overloaded,
         RetrievalError::Invalid(_) | RetrievalError::BadDocument { .. } => ErrorKind::Caller,
         _ => ErrorKind::Internal,
     }
@@ -235,7 +232,10 @@ mod tests {
                 ErrorKind::Internal,
             ),
             (HostError::CorpusExists("c".into()), ErrorKind::Caller),
-            (RetrievalError::Busy("c".into()).into(), ErrorKind::Conflict),
+            (
+                RetrievalError::Busy("c".into()).into(),
+                ErrorKind::Overloaded,
+            ),
             (
                 HostError::EmbedderMismatch {
                     corpus: "c".into(),
@@ -244,7 +244,6 @@ mod tests {
                 },
                 ErrorKind::Conflict,
             ),
-            (HostError::Overloaded("queue".into()), ErrorKind::Overloaded),
             (
                 HostError::Load {
                     what: "m".into(),
