@@ -67,10 +67,6 @@ impl<M: ModelAccess> Host<M> {
         self
     }
 
-    pub fn models(&self) -> &M {
-        &self.models
-    }
-
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
     }
