@@ -19,7 +19,8 @@ struct Block {
     /// Set once the block is full and its contents hashed; kept while it sits in the free queue so
     /// a later request can revive it.
     hash: Option<BlockHash>,
-    pinned: bool,
+    /// Pinned prefixes holding the block (two corpora may share leading blocks, or be the same).
+    pin_count: u32,
     prev: u32,
     next: u32,
     in_free_queue: bool,
@@ -42,7 +43,7 @@ impl BlockPool {
         let blank = Block {
             ref_count: 0,
             hash: None,
-            pinned: false,
+            pin_count: 0,
             prev: NIL,
             next: NIL,
             in_free_queue: false,
@@ -132,28 +133,34 @@ impl BlockPool {
             let block = &mut self.blocks[id as usize];
             debug_assert!(block.ref_count > 0, "block {id} released twice");
             block.ref_count = block.ref_count.saturating_sub(1);
-            if block.ref_count == 0 && !block.pinned {
+            if block.ref_count == 0 && block.pin_count == 0 {
                 self.push_back(id);
             }
         }
     }
 
-    /// Keep `id` resident even with no request holding it.
+    /// Keep `id` resident even with no request holding it. Pins count: the block stays pinned
+    /// until every pin is undone.
     pub fn pin(&mut self, id: BlockId) {
         if self.blocks[id as usize].in_free_queue {
             self.unlink(id);
         }
-        if !self.blocks[id as usize].pinned {
+        let block = &mut self.blocks[id as usize];
+        if block.pin_count == 0 {
             self.num_pinned += 1;
         }
-        self.blocks[id as usize].pinned = true;
+        block.pin_count += 1;
     }
 
-    /// Undo [`BlockPool::pin`]; the block becomes evictable once no request holds it.
+    /// Undo one [`BlockPool::pin`]; after the last, the block becomes evictable once no request
+    /// holds it.
     pub fn unpin(&mut self, id: BlockId) {
         let block = &mut self.blocks[id as usize];
-        if block.pinned {
-            block.pinned = false;
+        if block.pin_count == 0 {
+            return;
+        }
+        block.pin_count -= 1;
+        if block.pin_count == 0 {
             let free = block.ref_count == 0;
             self.num_pinned -= 1;
             if free {
@@ -164,7 +171,7 @@ impl BlockPool {
 
     /// Whether `id` is pinned.
     pub fn is_pinned(&self, id: BlockId) -> bool {
-        self.blocks[id as usize].pinned
+        self.blocks[id as usize].pin_count > 0
     }
 
     /// References held on a block.
@@ -264,6 +271,30 @@ mod tests {
         assert!(pool.allocate(1).is_none());
         pool.unpin(a);
         assert_eq!(pool.allocate(1).unwrap(), vec![a]);
+    }
+
+    /// Two corpora sharing leading blocks pin them twice: unpinning one keeps them resident
+    /// for the other.
+    #[test]
+    fn a_block_stays_pinned_until_its_last_pin_is_undone() {
+        let mut pool = BlockPool::new(3);
+        let a = pool.allocate(1).unwrap()[0];
+        pool.pin(a);
+        pool.pin(a);
+        pool.release(&[a]);
+        pool.unpin(a);
+        assert!(pool.is_pinned(a));
+        assert_eq!((pool.num_pinned(), pool.num_free()), (1, 1));
+        assert!(!pool.allocate(2).is_some_and(|b| b.contains(&a)));
+        let mut pool = BlockPool::new(3);
+        let a = pool.allocate(1).unwrap()[0];
+        pool.pin(a);
+        pool.pin(a);
+        pool.release(&[a]);
+        pool.unpin(a);
+        pool.unpin(a);
+        pool.unpin(a);
+        assert_eq!((pool.num_pinned(), pool.num_free()), (0, 2), "extra unpins are no-ops");
     }
 
     #[test]

@@ -297,7 +297,10 @@ mod tests {
         assert!(m.allocate_slots(1, &big, 20, &c, None).is_some());
         m.free(1);
         assert_eq!(m.get_computed_blocks(&prefix, None).num_computed_tokens, 12);
+        // Two imports are two pins: the blocks stay until both are undone.
         m.unpin_prefix(&handle);
+        assert_eq!(m.pool().num_used(), 3);
+        m.unpin_prefix(&again);
         assert_eq!(m.pool().num_used(), 0);
         assert_accounting(&m);
     }

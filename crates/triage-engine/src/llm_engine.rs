@@ -29,7 +29,7 @@ mod kv_budget;
 mod prefixes;
 
 pub use kv_budget::KvBudget;
-pub use prefixes::PrefixSource;
+pub use prefixes::{PendingPin, PinStart, PrefixSource};
 
 /// Sizes of the cache and of one step.
 #[derive(Debug, Clone, Copy, PartialEq)]

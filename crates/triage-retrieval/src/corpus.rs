@@ -409,7 +409,8 @@ impl CorpusStore {
                 )));
             }
         }
-        for id in delete {
+        let delete: std::collections::HashSet<&str> = delete.iter().map(String::as_str).collect();
+        for &id in &delete {
             let known = old.is_some_and(|o| o.manifest.documents.contains_key(id));
             if !known {
                 return Err(RetrievalError::Invalid(format!(
@@ -420,13 +421,25 @@ impl CorpusStore {
         // (doc id, title, hash, chunks, vectors or None when they must be embedded)
         type Pending = (String, String, String, Vec<Chunk>, Option<Vec<Vec<f32>>>);
         let mut pending: Vec<Pending> = Vec::new();
+        // A document keeps its place; new ones follow in the order given. Appending then leaves
+        // every chunk before it where it was (and the long-context prefix's cached blocks valid).
+        let old_place = |id: &str| {
+            old.and_then(|o| o.manifest.documents.get(id))
+                .and_then(|e| e.chunks.first().copied())
+        };
+        let num_old = old.map_or(0, |o| o.manifest.chunks.len());
+        let place: HashMap<&str, usize> = docs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.id.as_str(), old_place(&d.id).unwrap_or(num_old + i)))
+            .collect();
         if let Some(o) = old {
             for (id, entry) in &o.manifest.documents {
-                if delete.contains(id) {
+                if delete.contains(id.as_str()) {
                     report.deleted += 1;
                     continue;
                 }
-                if docs.iter().any(|d| &d.id == id) {
+                if seen.contains(id.as_str()) {
                     continue;
                 }
                 let chunks: Vec<Chunk> = entry
@@ -480,7 +493,13 @@ impl CorpusStore {
             chunks: Vec::new(),
         };
         let mut vectors: Vec<Vec<f32>> = Vec::new();
-        pending.sort_by(|a, b| a.0.cmp(&b.0));
+        pending.sort_by_key(|p| {
+            place
+                .get(p.0.as_str())
+                .copied()
+                .or_else(|| old_place(&p.0))
+                .unwrap_or(usize::MAX)
+        });
         // One embedding call for every new chunk: the embedder batches across documents.
         let fresh = {
             let texts: Vec<&str> = pending

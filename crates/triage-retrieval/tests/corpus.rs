@@ -394,3 +394,40 @@ fn a_corpus_deletes_whole_unless_another_writer_holds_it() {
     ));
     assert!(!dir.path().join("corpora/c").exists());
 }
+
+/// The long-context prefix is the corpus in chunk order: documents keep their place across
+/// updates and new ones come last, so an append leaves every earlier token where it was.
+#[test]
+fn documents_keep_their_place_and_new_ones_come_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CorpusStore::new(dir.path());
+    let e = BagOfWords::new();
+    let order = |store: &CorpusStore| {
+        let mut ids: Vec<String> = Vec::new();
+        for c in store.open("c").unwrap().chunks() {
+            if ids.last() != Some(&c.doc_id) {
+                ids.push(c.doc_id.clone());
+            }
+        }
+        ids
+    };
+    store
+        .ingest("c", &docs(), &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(order(&store), ["volcano", "ocean", "bread"]);
+    let added = [doc("apple", "Apples grow on trees in orchards.")];
+    store
+        .ingest("c", &added, &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(order(&store), ["volcano", "ocean", "bread", "apple"]);
+    let mut changed = docs();
+    changed[1].text = "Currents carry heat around the planet.".into();
+    store
+        .ingest("c", &changed[1..2], &[], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(order(&store), ["volcano", "ocean", "bread", "apple"]);
+    store
+        .ingest("c", &[], &["volcano".to_string()], &e, &WordOffsets, CHUNKER)
+        .unwrap();
+    assert_eq!(order(&store), ["ocean", "bread", "apple"]);
+}

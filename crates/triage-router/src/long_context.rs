@@ -3,7 +3,7 @@
 //! sequence for every question. That part is pinned (and persisted) in the long-context model's
 //! cache when the corpus is loaded; an escalation then prefills only the question.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::path::Path;
 
 use triage_models::chat_template::ChatMessage;
@@ -63,13 +63,20 @@ the answer only, in a few words, taken from the documents.";
 /// Stands for the question while the template renders; split out afterwards.
 const MARKER: &str = "\u{1}QUESTION\u{1}";
 
-/// The documents of `corpus` reassembled from their chunks (overlaps removed), in document-id
-/// order, each under a `[doc_id] title` line.
+/// The documents of `corpus` reassembled from their chunks (overlaps removed), in the corpus's
+/// order (documents added later come last, so an appended document leaves the tokens before it,
+/// and their cached blocks, as they were), each under a `[doc_id] title` line.
 pub fn corpus_text(corpus: &Corpus) -> String {
-    let mut docs: BTreeMap<&str, Vec<&triage_retrieval::Chunk>> = BTreeMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    let mut docs: HashMap<&str, Vec<&triage_retrieval::Chunk>> = HashMap::new();
     for chunk in corpus.chunks() {
-        docs.entry(chunk.doc_id.as_str()).or_default().push(chunk);
+        let entry = docs.entry(chunk.doc_id.as_str()).or_insert_with(|| {
+            order.push(chunk.doc_id.as_str());
+            Vec::new()
+        });
+        entry.push(chunk);
     }
+    let docs = order.into_iter().filter_map(|id| docs.remove(id).map(|c| (id, c)));
     let mut out = String::new();
     for (doc_id, mut chunks) in docs {
         chunks.sort_by_key(|c| (c.start, c.end));

@@ -12,7 +12,9 @@ use tokio::sync::{mpsc as async_mpsc, oneshot};
 use triage_core::PrefixHandle;
 use triage_engine::generate::GenerateRequest;
 use triage_engine::llm_engine::RequestId;
-use triage_engine::llm_engine::{EngineConfig, EventSink, LlmEngine, PrefixSource, StreamEvent};
+use triage_engine::llm_engine::{
+    EngineConfig, EventSink, LlmEngine, PendingPin, PinStart, PrefixSource, StreamEvent,
+};
 use triage_engine::EngineError;
 use triage_models::model::Model;
 use triage_router::ModelRole;
@@ -43,7 +45,7 @@ enum Command {
     Pin {
         tokens: Vec<u32>,
         dir: Option<PathBuf>,
-        reply: mpsc::Sender<std::result::Result<(usize, PrefixSource), EngineError>>,
+        reply: PinReply,
     },
     Unpin {
         tokens: Vec<u32>,
@@ -202,6 +204,39 @@ impl EngineWorker {
     }
 }
 
+/// A pin whose prefill is under way, with the caller waiting for it.
+type PendingPinCommand = (Vec<u32>, PendingPin, PinReply);
+
+type PinReply = mpsc::Sender<std::result::Result<(usize, PrefixSource), EngineError>>;
+
+/// Pin the prefixes whose prefill has finished and answer their callers.
+fn finish_pins(
+    engine: &mut LlmEngine,
+    pending: &mut Vec<PendingPinCommand>,
+    pins: &mut Vec<(Vec<u32>, PrefixHandle)>,
+) {
+    let mut i = 0;
+    while i < pending.len() {
+        if !pending[i].1.is_done(engine) {
+            i += 1;
+            continue;
+        }
+        let (tokens, pin, reply) = pending.swap_remove(i);
+        match engine.finish_pin(pin) {
+            Ok((handle, source, unsaved)) => {
+                if let Some(e) = unsaved {
+                    tracing::warn!(error = %e, "a pinned prefix could not be saved; the next start prefills it again");
+                }
+                let _ = reply.send(Ok((handle.num_tokens, source)));
+                pins.push((tokens, handle));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+}
+
 fn publish(engine: &LlmEngine, stats: &EngineStats) {
     let pool = engine.scheduler().kv().pool();
     stats.running.store(engine.num_running(), Ordering::Relaxed);
@@ -219,6 +254,7 @@ fn publish(engine: &LlmEngine, stats: &EngineStats) {
 fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) {
     let mut stopping = false;
     let mut pins: Vec<(Vec<u32>, PrefixHandle)> = Vec::new();
+    let mut pending_pins: Vec<PendingPinCommand> = Vec::new();
     loop {
         loop {
             let next = if engine.has_unfinished() || stopping {
@@ -246,15 +282,18 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                     let _ = reply.send(added);
                 }
                 Command::Pin { tokens, dir, reply } => {
-                    let pinned = match &dir {
-                        Some(dir) => engine.pin_persisted_prefix(&tokens, dir),
-                        None => engine.pin_prefix(&tokens),
-                    };
-                    let _ = reply.send(pinned.map(|(handle, source)| {
-                        let n = handle.num_tokens;
-                        pins.push((tokens, handle));
-                        (n, source)
-                    }));
+                    // The prefill runs as a request among the others: plain requests and other
+                    // pins keep being admitted while a corpus is prefilled.
+                    match engine.start_pin(&tokens, dir.as_deref()) {
+                        Ok(PinStart::Done(handle, source)) => {
+                            let _ = reply.send(Ok((handle.num_tokens, source)));
+                            pins.push((tokens, handle));
+                        }
+                        Ok(PinStart::Pending(pending)) => pending_pins.push((tokens, pending, reply)),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
                 }
                 Command::Unpin { tokens } => {
                     if let Some(i) = pins.iter().position(|(t, _)| *t == tokens) {
@@ -280,6 +319,7 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                 engine.fail_all(&e.to_string());
             }
         }
+        finish_pins(&mut engine, &mut pending_pins, &mut pins);
         publish(&engine, stats);
         if stopping && !engine.has_unfinished() {
             return;

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use triage_core::{hash_prefix, PrefixHandle};
 
-use super::LlmEngine;
-use crate::generate::{EntropySettings, GenerateRequest, Prompt};
+use std::sync::mpsc::Receiver;
+
+use super::{LlmEngine, RequestId, StreamEvent};
+use crate::generate::{EntropySettings, FinishReason, GenerateRequest, Prompt};
 use crate::prefix_store::{self, PrefixKey, PrefixMiss, StoredPrefix};
 use crate::sampler::SamplingParams;
 use crate::{EngineError, Result};
@@ -69,9 +71,22 @@ impl LlmEngine {
     /// Keep the full blocks of `tokens` resident, prefilling them first unless already cached.
     /// Other requests keep running while the prefix is prefilled.
     pub fn pin_prefix(&mut self, tokens: &[u32]) -> Result<(PrefixHandle, PrefixSource)> {
+        self.pin_blocking(tokens, None)
+    }
+
+    /// Start pinning `tokens`: done at once when the blocks are cached (or, with `dir`, in a
+    /// persisted file); otherwise its prefill is queued like any request and
+    /// [`LlmEngine::finish_pin`] completes it once [`PendingPin::is_done`]. A caller that
+    /// serves other requests keeps stepping meanwhile, so nobody waits for a corpus prefill.
+    pub fn start_pin(&mut self, tokens: &[u32], dir: Option<&Path>) -> Result<PinStart> {
         let full = self.full_blocks(tokens).to_vec();
         if let Some(handle) = self.scheduler.kv_mut().pin_prefix(&full, None) {
-            return Ok((handle, PrefixSource::Cache));
+            return Ok(PinStart::Done(handle, PrefixSource::Cache));
+        }
+        if let Some(dir) = dir {
+            if let Ok(handle) = self.load_prefix(&full, dir)? {
+                return Ok(PinStart::Done(handle, PrefixSource::Disk));
+            }
         }
         let request = GenerateRequest {
             prompt: Prompt::Tokens(full.clone()),
@@ -83,20 +98,71 @@ impl LlmEngine {
             },
             entropy: EntropySettings::default(),
         };
-        let (id, _rx) = self.add_request(&request)?;
-        while self.states.contains_key(&id) {
-            self.step()?;
+        let (id, events) = self.add_request(&request)?;
+        Ok(PinStart::Pending(PendingPin {
+            full,
+            dir: dir.map(Path::to_path_buf),
+            id,
+            events,
+        }))
+    }
+
+    /// Pin a prefix whose prefill has finished, saving it under its directory if it had one.
+    /// A failed save keeps the pin (the file only spares the next start a prefill) and comes
+    /// back as the second value.
+    pub fn finish_pin(
+        &mut self,
+        pending: PendingPin,
+    ) -> Result<(PrefixHandle, PrefixSource, Option<EngineError>)> {
+        let refused = pending.events.try_iter().find_map(|event| match event {
+            StreamEvent::Finished {
+                reason: FinishReason::Error(message),
+                ..
+            } => Some(message),
+            _ => None,
+        });
+        if let Some(message) = refused {
+            return Err(EngineError::Invalid(format!(
+                "prefilling the {}-token prefix failed: {message}",
+                pending.full.len()
+            )));
         }
-        self.scheduler
+        let handle = self
+            .scheduler
             .kv_mut()
-            .pin_prefix(&full, None)
-            .map(|h| (h, PrefixSource::Computed))
+            .pin_prefix(&pending.full, None)
             .ok_or_else(|| {
                 EngineError::Invalid(format!(
                     "prefix of {} tokens was evicted before it could be pinned (KV pool too small)",
-                    full.len()
+                    pending.full.len()
                 ))
-            })
+            })?;
+        let saved = match &pending.dir {
+            Some(dir) => self.save_prefix(&pending.full, &handle, dir).err(),
+            None => None,
+        };
+        Ok((handle, PrefixSource::Computed, saved))
+    }
+
+    /// [`LlmEngine::start_pin`] and [`LlmEngine::finish_pin`] with the engine stepped in between
+    /// (a caller that owns the engine alone).
+    fn pin_blocking(
+        &mut self,
+        tokens: &[u32],
+        dir: Option<&Path>,
+    ) -> Result<(PrefixHandle, PrefixSource)> {
+        let pending = match self.start_pin(tokens, dir)? {
+            PinStart::Done(handle, source) => return Ok((handle, source)),
+            PinStart::Pending(pending) => pending,
+        };
+        while !pending.is_done(self) {
+            self.step()?;
+        }
+        let (handle, source, unsaved) = self.finish_pin(pending)?;
+        if let Some(e) = unsaved {
+            tracing::warn!(error = %e, "a pinned prefix could not be saved; the next start prefills it again");
+        }
+        Ok((handle, source))
     }
 
     /// Let a pinned prefix be evicted again.
@@ -186,21 +252,38 @@ impl LlmEngine {
     }
 
     /// Pin `tokens` as a long-lived prefix: from the pool if cached, else from its file under
-    /// `dir`, else prefill it now and save it there for the next start.
+    /// `dir`, else prefill it now and save it there for the next start (a failed save keeps
+    /// the pin).
     pub fn pin_persisted_prefix(
         &mut self,
         tokens: &[u32],
         dir: &Path,
     ) -> Result<(PrefixHandle, PrefixSource)> {
-        let full = self.full_blocks(tokens).to_vec();
-        if let Some(handle) = self.scheduler.kv_mut().pin_prefix(&full, None) {
-            return Ok((handle, PrefixSource::Cache));
-        }
-        if let Ok(handle) = self.load_prefix(&full, dir)? {
-            return Ok((handle, PrefixSource::Disk));
-        }
-        let (handle, source) = self.pin_prefix(&full)?;
-        self.save_prefix(&full, &handle, dir)?;
-        Ok((handle, source))
+        self.pin_blocking(tokens, Some(dir))
+    }
+}
+
+/// How [`LlmEngine::start_pin`] went.
+#[derive(Debug)]
+pub enum PinStart {
+    /// Pinned already, from the cache or a file.
+    Done(PrefixHandle, PrefixSource),
+    /// Its prefill is queued.
+    Pending(PendingPin),
+}
+
+/// A prefix whose prefill is queued; [`LlmEngine::finish_pin`] pins it once done.
+#[derive(Debug)]
+pub struct PendingPin {
+    full: Vec<u32>,
+    dir: Option<PathBuf>,
+    id: RequestId,
+    events: Receiver<StreamEvent>,
+}
+
+impl PendingPin {
+    /// Whether its prefill has finished (or was refused).
+    pub fn is_done(&self, engine: &LlmEngine) -> bool {
+        !engine.states.contains_key(&self.id)
     }
 }
