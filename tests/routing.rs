@@ -213,6 +213,94 @@ fn corpora_unload_and_a_foreign_embedder_is_a_conflict() {
     assert_eq!(taken.kind(), triage::ErrorKind::Caller, "{taken}");
 }
 
+fn docs(word: &str, n: usize) -> Vec<triage_retrieval::Document> {
+    (0..n)
+        .map(|i| triage_retrieval::Document {
+            id: format!("{word}{i}"),
+            title: format!("{word} {i}"),
+            text: format!(
+                "the {word} sat on mat {i} and the dog ran to the park while the bird sang {i}"
+            ),
+        })
+        .collect()
+}
+
+/// Blocks a corpus's pinned prefix holds (its full blocks).
+fn prefix_blocks(engine: &Engine, name: &str) -> usize {
+    let info = engine.load_corpus(name).unwrap();
+    info.prefix_tokens
+        .unwrap_or_else(|| panic!("{:?}", info.long_context_unavailable))
+        / 16
+}
+
+/// A KV cache with room for one corpus prefix at a time: loading the second releases the first
+/// (named in its summary), a question over the first pins it again (releasing the second, named
+/// in the decision record), and a corpus too long for the cache even alone answers by RAG with
+/// the reason in its record.
+#[test]
+fn pinned_prefixes_make_room_least_recently_used_first_and_a_prefix_that_cannot_fit_answers_by_rag()
+{
+    let mut setup = tiny();
+    ingest(&setup, "a", &docs("cat", 24));
+    ingest(&setup, "b", &docs("cow", 24));
+    ingest(&setup, "big", &docs("hen", 42));
+    let (fa, fb) = {
+        let roomy = setup.engine();
+        (prefix_blocks(&roomy, "a"), prefix_blocks(&roomy, "b"))
+    };
+    // Each prefix pins F blocks and its prefill asks for F + 1 (less the few leading blocks of
+    // the template the two share): both cannot be pinned at once, and a RAG prompt fits beside
+    // one of them.
+    setup
+        .config
+        .set_kv_budget(&format!("{}blocks", fa + fb / 2));
+    let engine = setup.engine();
+    let a = engine.load_corpus("a").unwrap();
+    assert!(a.prefix_pinned && a.unpinned_corpora.is_empty(), "{a:?}");
+    let b = engine.load_corpus("b").unwrap();
+    assert!(b.prefix_pinned, "{b:?}");
+    assert_eq!(b.unpinned_corpora, ["a"]);
+    let listed = engine.list_corpora().unwrap();
+    let pinned: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|c| (c.name.as_str(), c.prefix_pinned))
+        .collect();
+    assert_eq!(pinned, [("a", false), ("b", true)]);
+
+    let answer = engine
+        .ask(&question("a", "where did the dog run", Route::Lc))
+        .unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Lc);
+    assert_eq!(answer.decision.unpinned_corpora, ["b"]);
+    let again = engine
+        .ask(&question("a", "what did the bird do", Route::Lc))
+        .unwrap();
+    assert!(again.decision.unpinned_corpora.is_empty(), "already pinned");
+
+    let big = engine.load_corpus("big").unwrap();
+    let why = big.long_context_unavailable.clone().unwrap_or_default();
+    assert!(why.contains("does not fit"), "{big:?}");
+    assert!(!big.prefix_pinned);
+    let answer = engine
+        .ask(&question("big", "where did the dog run", Route::Auto))
+        .unwrap();
+    assert_ne!(answer.decision.path, RoutePath::Lc);
+    assert!(answer
+        .decision
+        .long_context_unavailable
+        .as_deref()
+        .is_some_and(|w| w.contains("does not fit")));
+    let forced = engine
+        .ask(&question("big", "where did the dog run", Route::Lc))
+        .unwrap_err();
+    assert_eq!(forced.kind(), triage::ErrorKind::Caller, "{forced}");
+    // The released corpora answer from the long context again.
+    let answer = engine
+        .ask(&question("b", "where did the dog run", Route::Lc))
+        .unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Lc);
+}
+
 /// The real models over eight SQuAD paragraphs; the long-context model is the 0.5B too, so the
 /// corpus fits a CPU test.
 fn normans() -> Setup {

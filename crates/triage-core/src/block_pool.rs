@@ -294,7 +294,11 @@ mod tests {
         pool.unpin(a);
         pool.unpin(a);
         pool.unpin(a);
-        assert_eq!((pool.num_pinned(), pool.num_free()), (0, 2), "extra unpins are no-ops");
+        assert_eq!(
+            (pool.num_pinned(), pool.num_free()),
+            (0, 2),
+            "extra unpins are no-ops"
+        );
     }
 
     #[test]

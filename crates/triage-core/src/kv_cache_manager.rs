@@ -229,22 +229,28 @@ impl KvCacheManager {
             hashes.push(h);
             parent = Some(h);
         }
-        let missing: Vec<usize> = (0..hashes.len())
-            .filter(|&i| self.pool.lookup(hashes[i]).is_none())
-            .collect();
-        let mut fresh = self.pool.allocate(missing.len())?.into_iter();
+        let found: Vec<Option<BlockId>> = hashes.iter().map(|&h| self.pool.lookup(h)).collect();
+        // Pin the cached blocks first: allocating the rest must not evict them (a cached block
+        // nobody holds sits in the free queue).
+        found.iter().flatten().for_each(|&b| self.pool.pin(b));
+        let missing: Vec<usize> = (0..hashes.len()).filter(|&i| found[i].is_none()).collect();
+        let Some(fresh) = self.pool.allocate(missing.len()) else {
+            found.iter().flatten().for_each(|&b| self.pool.unpin(b));
+            return None;
+        };
+        let mut fresh = fresh.into_iter();
         let mut blocks = Vec::with_capacity(hashes.len());
-        for h in &hashes {
-            let id = match self.pool.lookup(*h) {
-                Some(id) => id,
+        for (h, cached) in hashes.iter().zip(&found) {
+            let id = match cached {
+                Some(id) => *id,
                 // Invariant: `fresh` holds exactly one block per missing hash, in order.
                 None => {
                     let id = fresh.next()?;
                     self.pool.cache(id, *h);
+                    self.pool.pin(id);
                     id
                 }
             };
-            self.pool.pin(id);
             blocks.push(id);
         }
         // The fresh blocks came out of `allocate` with one reference; pinning keeps them now.
@@ -301,6 +307,34 @@ mod tests {
         m.unpin_prefix(&handle);
         assert_eq!(m.pool().num_used(), 3);
         m.unpin_prefix(&again);
+        assert_eq!(m.pool().num_used(), 0);
+        assert_accounting(&m);
+    }
+
+    /// A cached block nobody holds sits at the head of the free queue; importing a prefix that
+    /// shares it must not hand it out as one of the fresh blocks (that evicted the shared
+    /// block, failed the import and leaked the block taken).
+    #[test]
+    fn import_keeps_the_cached_blocks_it_shares_out_of_its_own_allocation() {
+        let mut m = KvCacheManager::new(3, 4, "m", true);
+        let shared = tokens(4, 1);
+        for (id, prompt) in [(1, shared.clone()), (2, tokens(4, 2))] {
+            let c = m.get_computed_blocks(&prompt, None);
+            m.allocate_slots(id, &prompt, 4, &c, None).unwrap();
+            m.free(id);
+        }
+        let mut prefix = shared.clone();
+        prefix.extend(tokens(4, 3));
+        let (handle, to_fill) = m.import_prefix(&prefix, None).expect("two blocks fit");
+        assert_eq!(to_fill, vec![1]);
+        let mut question = prefix.clone();
+        question.push(7);
+        assert_eq!(
+            m.get_computed_blocks(&question, None).num_computed_tokens,
+            8
+        );
+        assert_eq!(m.pool().num_pinned(), 2);
+        m.unpin_prefix(&handle);
         assert_eq!(m.pool().num_used(), 0);
         assert_accounting(&m);
     }

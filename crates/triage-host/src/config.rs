@@ -140,6 +140,31 @@ pub struct PipelineSettings {
     pub corpora: Vec<String>,
     /// Where pinned corpus prefixes are persisted; default `$TRIAGE_HOME/prefixes`.
     pub prefix_dir: Option<PathBuf>,
+    /// How many corpora, and how large, clients may make (`[pipeline.limits]`).
+    pub limits: CorpusLimits,
+}
+
+/// Bounds on what clients may store, so that no caller can fill the disk or the memory of a
+/// shared server.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CorpusLimits {
+    /// Corpora in the store; creating one more is refused (400).
+    pub max_corpora: usize,
+    /// Documents (added or deleted) in one request (400 beyond).
+    pub max_documents_per_request: usize,
+    /// Bytes of document text in one corpus after a change (413 beyond).
+    pub max_corpus_bytes: usize,
+}
+
+impl Default for CorpusLimits {
+    fn default() -> Self {
+        Self {
+            max_corpora: 256,
+            max_documents_per_request: 10_000,
+            max_corpus_bytes: 256 << 20,
+        }
+    }
 }
 
 impl Default for PipelineSettings {
@@ -150,6 +175,7 @@ impl Default for PipelineSettings {
             embedder: DEFAULT_EMBEDDER.into(),
             corpora: Vec::new(),
             prefix_dir: None,
+            limits: CorpusLimits::default(),
         }
     }
 }

@@ -18,6 +18,8 @@ pub enum ErrorKind {
     Conflict,
     /// Busy now (another writer holds the corpus): retry later (HTTP 429).
     Overloaded,
+    /// Over a configured size limit (a corpus's bytes): send less (HTTP 413).
+    TooLarge,
     /// The engine failed (HTTP 500).
     Internal,
 }
@@ -28,7 +30,7 @@ impl ErrorKind {
     pub fn exit_code(self) -> u8 {
         match self {
             Self::Internal => 1,
-            Self::Caller => 2,
+            Self::Caller | Self::TooLarge => 2,
             Self::NotFound => 3,
             Self::Conflict => 4,
             Self::Overloaded => 5,
@@ -57,6 +59,9 @@ pub enum HostError {
     /// The caller's mistake not covered above.
     #[error("{0}")]
     Invalid(String),
+    /// A change that would take a corpus past its configured size.
+    #[error("{0}")]
+    TooLarge(String),
     /// The host's own failure (a poisoned lock).
     #[error("{0}")]
     Internal(String),
@@ -82,6 +87,7 @@ impl HostError {
             // A name taken is the request's mistake (a 400, as OpenAI answers a duplicate).
             Self::Config(_) | Self::Invalid(_) | Self::CorpusExists(_) => ErrorKind::Caller,
             Self::UnknownCorpus(_) => ErrorKind::NotFound,
+            Self::TooLarge(_) => ErrorKind::TooLarge,
             Self::EmbedderMismatch { .. } => ErrorKind::Conflict,
             Self::Load { .. } | Self::Internal(_) | Self::Model(_) => ErrorKind::Internal,
             Self::Fetch(e) => fetch_kind(e),
@@ -96,7 +102,7 @@ impl HostError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self.kind(),
-            ErrorKind::Caller | ErrorKind::NotFound | ErrorKind::Conflict
+            ErrorKind::Caller | ErrorKind::NotFound | ErrorKind::Conflict | ErrorKind::TooLarge
         )
     }
 
@@ -255,6 +261,7 @@ mod tests {
                 RetrievalError::Index("broken".into()).into(),
                 ErrorKind::Internal,
             ),
+            (HostError::TooLarge("x".into()), ErrorKind::TooLarge),
         ];
         for (error, kind) in cases {
             assert_eq!(error.kind(), kind, "{error:?}");

@@ -10,7 +10,7 @@ use triage_router::{
     Answer, AnswerEvent, AskRequest, Generator, ModelRole, Pipeline, RoutingConfig,
 };
 
-use crate::config::needs_router;
+use crate::config::{needs_router, CorpusLimits};
 use crate::error::{HostError, Result};
 use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange};
 
@@ -59,6 +59,12 @@ impl<M: ModelAccess> Host<M> {
             tracing::info!(corpus = %name, prefix_tokens = ?summary.prefix_tokens, pinned = ?summary.pinned_from, "corpus ready");
         }
         Ok(())
+    }
+
+    /// Bound the corpora callers may create and how large they may grow.
+    pub fn with_corpus_limits(mut self, limits: CorpusLimits) -> Self {
+        self.corpora.set_limits(limits);
+        self
     }
 
     /// Use a corpus store other than `$TRIAGE_HOME/corpora` (tests, tools).
@@ -185,11 +191,12 @@ impl<M: ModelAccess> Host<M> {
     ) -> Result<Answer> {
         let routing = &self.pipeline.config;
         self.models.with_generator(|g| {
-            let loaded = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
             let view = loaded.view(&request.corpus);
-            let answer =
+            let mut answer =
                 self.pipeline
                     .ask(g, self.corpora.embedder(), &view, request, &mut on_event)?;
+            answer.decision.unpinned_corpora = released;
             Ok(answer)
         })?
     }
@@ -198,11 +205,12 @@ impl<M: ModelAccess> Host<M> {
     pub fn plan(&self, request: &AskRequest) -> Result<DecisionRecord> {
         let routing = &self.pipeline.config;
         self.models.with_generator(|g| {
-            let loaded = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
             let view = loaded.view(&request.corpus);
-            let record = self
+            let mut record = self
                 .pipeline
                 .plan(g, self.corpora.embedder(), &view, request)?;
+            record.unpinned_corpora = released;
             Ok(record)
         })?
     }

@@ -79,7 +79,8 @@ impl Host<InProcessModels> {
         let embedder = load_embedder(&config.pipeline.embedder)?;
         let home = triage_models::paths::triage_home();
         let prefix_dir = config.pipeline.prefix_dir();
-        let engine = Self::with_models(models, config.routing, embedder, &home, prefix_dir)?;
+        let engine = Self::with_models(models, config.routing, embedder, &home, prefix_dir)?
+            .with_corpus_limits(config.pipeline.limits);
         engine.load_corpora(&config.pipeline.corpora)?;
         Ok(engine)
     }

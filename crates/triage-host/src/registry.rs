@@ -1,35 +1,81 @@
 //! `CorpusRegistry`: the corpora a host answers from. It opens a corpus from the store, checks
 //! that it was embedded with the host's embedder, pins its long-context prefix (the new prefix
-//! before the old one is unpinned, so an unchanged corpus keeps its cached blocks), swaps it in,
-//! and unloads it. Changes run one at a time; readers never wait for a prefill.
+//! before the old one is released, so an unchanged corpus keeps its cached blocks; when the
+//! prefix does not fit, the least recently used prefixes of other corpora are released first),
+//! swaps it in, and unloads it. Changes to one corpus run one at a time; changes to different
+//! corpora, and readers, do not wait for each other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde::Serialize;
 use triage_engine::llm_engine::PrefixSource;
 use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document, Embedder};
-use triage_router::long_context::{prepare_long_context, LongContextPrompt};
+use triage_router::long_context::{long_context_prompt, pin_long_context, LongContextPrompt};
 use triage_router::{CorpusView, Generator, ModelRole, PinnedPrefix, RoutingConfig};
 
+use crate::config::CorpusLimits;
 use crate::error::{HostError, Result};
+
+/// Whether a loaded corpus's long-context prefix is resident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PinState {
+    /// The corpus has no long-context prompt (see its reason).
+    NoPrefix,
+    Pinned,
+    /// Released to make room for another corpus's; pinned again when next asked.
+    Released,
+    /// It does not fit in the long-context model's cache (why): the corpus answers by RAG.
+    DoesNotFit(String),
+}
 
 /// A corpus ready to answer from, with its long-context form (or why it has none).
 #[derive(Debug)]
 pub struct LoadedCorpus {
     pub corpus: Corpus,
     pub long_context: std::result::Result<LongContextPrompt, String>,
+    /// Every pin and release goes through this lock, so a prefix is released once per pin.
+    pin: Mutex<PinState>,
+    /// The registry's clock at its last use (the least recently used is released first).
+    last_used: AtomicU64,
 }
 
 impl LoadedCorpus {
+    fn new(corpus: Corpus, long_context: std::result::Result<LongContextPrompt, String>) -> Self {
+        Self {
+            corpus,
+            long_context,
+            pin: Mutex::new(PinState::NoPrefix),
+            last_used: AtomicU64::new(0),
+        }
+    }
+
+    fn pin_state(&self) -> PinState {
+        // A poisoned state lock still holds a whole value (only assignments happen under it).
+        self.pin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The long-context prompt when the path is usable: the corpus has one and its prefix fits.
+    fn usable_long_context(&self) -> std::result::Result<&LongContextPrompt, String> {
+        let lc = self.long_context.as_ref().map_err(Clone::clone)?;
+        match self.pin_state() {
+            PinState::DoesNotFit(why) => Err(why),
+            _ => Ok(lc),
+        }
+    }
+
     /// What the pipeline reads.
     pub fn view<'a>(&'a self, name: &'a str) -> CorpusView<'a> {
         CorpusView {
             name,
             corpus: &self.corpus,
             backend: None,
-            long_context: self.long_context.as_ref().map_err(Clone::clone),
+            long_context: self.usable_long_context(),
         }
     }
 }
@@ -44,6 +90,8 @@ pub struct CorpusSummary {
     pub num_chunks: usize,
     /// Tokens of the corpus prefix in the long-context model, when it fits.
     pub prefix_tokens: Option<usize>,
+    /// Whether that prefix is resident now (false once released for another corpus's).
+    pub prefix_pinned: bool,
     /// Tokens pinned in the cache by this load, and where their KV came from (`cache`,
     /// `disk`, `computed`); absent in listings.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +99,9 @@ pub struct CorpusSummary {
     pub pinned_from: Option<&'static str>,
     /// Why the long-context path is unavailable for it.
     pub long_context_unavailable: Option<String>,
+    /// Corpora whose prefix this load released to make room (pinned again when next asked).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unpinned_corpora: Vec<String>,
 }
 
 /// One document of a corpus, as listed.
@@ -68,7 +119,12 @@ pub struct DocumentsChange {
     pub updated: usize,
     pub unchanged: usize,
     pub deleted: usize,
+    /// The corpus as it is served now.
     pub corpus: CorpusSummary,
+    /// Set when the documents were stored but the new generation could not be loaded: the
+    /// previous one (if any) is still served, and the next load or restart picks up the new.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reload_error: Option<String>,
 }
 
 /// The name the summaries give a prefix's source.
@@ -86,10 +142,37 @@ fn summary(name: &str, loaded: &LoadedCorpus, pinned: Option<PinnedPrefix>) -> C
         num_documents: loaded.corpus.num_documents(),
         num_chunks: loaded.corpus.chunks().len(),
         prefix_tokens: loaded.long_context.as_ref().ok().map(|lc| lc.prefix.len()),
+        prefix_pinned: loaded.pin_state() == PinState::Pinned,
         pinned_tokens: pinned.map(|p| p.num_tokens),
         pinned_from: pinned.map(|p| pinned_name(p.source)),
-        long_context_unavailable: loaded.long_context.as_ref().err().cloned(),
+        long_context_unavailable: loaded.usable_long_context().err(),
+        unpinned_corpora: Vec::new(),
     }
+}
+
+/// The summary of a corpus that is stored but not loaded.
+fn not_loaded(name: &str) -> CorpusSummary {
+    CorpusSummary {
+        name: name.to_string(),
+        num_documents: 0,
+        num_chunks: 0,
+        prefix_tokens: None,
+        prefix_pinned: false,
+        pinned_tokens: None,
+        pinned_from: None,
+        long_context_unavailable: Some("the corpus is not loaded".into()),
+        unpinned_corpora: Vec::new(),
+    }
+}
+
+/// Bytes of text of each document of `corpus` (its chunks' furthest end).
+fn document_bytes(corpus: &Corpus) -> HashMap<&str, usize> {
+    let mut bytes: HashMap<&str, usize> = HashMap::new();
+    for c in corpus.chunks() {
+        let end = bytes.entry(c.doc_id.as_str()).or_default();
+        *end = (*end).max(c.end);
+    }
+    bytes
 }
 
 fn poisoned(what: &str) -> HostError {
@@ -104,9 +187,13 @@ pub struct CorpusRegistry {
     store: CorpusStore,
     prefix_dir: PathBuf,
     embedder: BertEmbedder,
+    limits: CorpusLimits,
     corpora: RwLock<Table>,
-    /// Changes run one at a time (ingesting and re-pinning one name are not concurrent-safe).
-    writing: Mutex<()>,
+    /// One writer per corpus (ingesting and re-pinning one name are not concurrent-safe);
+    /// entries exist only for names in the store or being created.
+    writers: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Ticks once per use of any corpus: the order in which prefixes are released.
+    clock: AtomicU64,
 }
 
 impl std::fmt::Debug for CorpusRegistry {
@@ -125,8 +212,10 @@ impl CorpusRegistry {
             store: CorpusStore::new(data_dir),
             prefix_dir,
             embedder,
+            limits: CorpusLimits::default(),
             corpora: RwLock::new(BTreeMap::new()),
-            writing: Mutex::new(()),
+            writers: Mutex::new(HashMap::new()),
+            clock: AtomicU64::new(0),
         }
     }
 
@@ -135,12 +224,28 @@ impl CorpusRegistry {
         self.store = CorpusStore::new(data_dir);
     }
 
+    /// Bound what callers may store.
+    pub fn set_limits(&mut self, limits: CorpusLimits) {
+        self.limits = limits;
+    }
+
     pub fn embedder(&self) -> &BertEmbedder {
         &self.embedder
     }
 
-    fn write_lock(&self) -> Result<MutexGuard<'_, ()>> {
-        self.writing.lock().map_err(|_| poisoned("the corpus lock"))
+    /// The writer lock of corpus `name` (held for the whole of a change to it).
+    fn writer(&self, name: &str) -> Result<Arc<Mutex<()>>> {
+        let mut writers = self
+            .writers
+            .lock()
+            .map_err(|_| poisoned("the writer table"))?;
+        Ok(writers.entry(name.to_string()).or_default().clone())
+    }
+
+    fn forget_writer(&self, name: &str) {
+        if let Ok(mut writers) = self.writers.lock() {
+            writers.remove(name);
+        }
     }
 
     fn table(&self) -> Result<RwLockReadGuard<'_, Table>> {
@@ -155,23 +260,39 @@ impl CorpusRegistry {
             .map_err(|_| poisoned("the corpus table"))
     }
 
+    fn touch(&self, loaded: &LoadedCorpus) {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        loaded.last_used.store(now, Ordering::Relaxed);
+    }
+
     /// The loaded corpus `name`, if it is loaded.
     pub fn get(&self, name: &str) -> Result<Option<Arc<LoadedCorpus>>> {
         Ok(self.table()?.get(name).cloned())
     }
 
-    /// The corpus `name`; one in the store but not loaded yet (made by `triage ingest`, or
-    /// before a restart) is loaded now, its prefix pinned on first use.
+    fn in_store(&self, name: &str) -> Result<bool> {
+        Ok(self.store.list()?.iter().any(|n| n == name))
+    }
+
+    /// The corpus `name`, and the corpora whose prefix was released to make room for its. One in
+    /// the store but not loaded yet (made by `triage ingest`, or before a restart) is loaded
+    /// now; one whose prefix was released is pinned again.
     pub fn get_or_load(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
-    ) -> Result<Arc<LoadedCorpus>> {
+    ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
-            return Ok(loaded);
+            self.touch(&loaded);
+            if loaded.pin_state() != PinState::Released {
+                return Ok((loaded, Vec::new()));
+            }
+        } else if !self.in_store(name)? {
+            return Err(HostError::UnknownCorpus(name.to_string()));
         }
-        let _guard = self.write_lock()?;
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
         self.get_or_load_locked(generator, routing, name)
     }
 
@@ -180,14 +301,17 @@ impl CorpusRegistry {
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
-    ) -> Result<Arc<LoadedCorpus>> {
+    ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
-            return Ok(loaded);
+            if loaded.pin_state() != PinState::Released {
+                return Ok((loaded, Vec::new()));
+            }
+            let (_, released) = self.pin(generator, name, &loaded)?;
+            return Ok((loaded, released));
         }
         let corpus = self.open(name)?;
-        self.swap_in(generator, routing, corpus)?;
-        self.get(name)?
-            .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))
+        let (summary, loaded) = self.swap_in(generator, routing, corpus)?;
+        Ok((loaded, summary.unpinned_corpora))
     }
 
     fn open(&self, name: &str) -> Result<Corpus> {
@@ -205,9 +329,13 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
     ) -> Result<CorpusSummary> {
-        let _guard = self.write_lock()?;
+        if !self.in_store(name)? {
+            return Err(HostError::UnknownCorpus(name.to_string()));
+        }
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
         let corpus = self.open(name)?;
-        self.swap_in(generator, routing, corpus)
+        Ok(self.swap_in(generator, routing, corpus)?.0)
     }
 
     /// Make an already opened corpus answerable.
@@ -217,18 +345,84 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         corpus: Corpus,
     ) -> Result<CorpusSummary> {
-        let _guard = self.write_lock()?;
-        self.swap_in(generator, routing, corpus)
+        let lock = self.writer(&corpus.name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        Ok(self.swap_in(generator, routing, corpus)?.0)
     }
 
-    /// Check the embedder, pin the new prefix, swap the corpus in, then unpin the old prefix
-    /// unless it is the same (its blocks stay cached).
+    /// Pin the prefix of `loaded` (corpus `name`), releasing the least recently used prefixes
+    /// of other corpora while it does not fit; when it does not fit even alone, the corpus
+    /// answers by RAG. Returns the pin and the corpora released.
+    fn pin(
+        &self,
+        generator: &mut dyn Generator,
+        name: &str,
+        loaded: &LoadedCorpus,
+    ) -> Result<(Option<PinnedPrefix>, Vec<String>)> {
+        let mut released = Vec::new();
+        let Ok(lc) = &loaded.long_context else {
+            return Ok((None, released));
+        };
+        loop {
+            let why = match pin_long_context(generator, lc, &self.prefix_dir)? {
+                Ok(pinned) => {
+                    *loaded.pin.lock().unwrap_or_else(PoisonError::into_inner) = PinState::Pinned;
+                    return Ok((Some(pinned), released));
+                }
+                Err(why) => why,
+            };
+            let Some((victim_name, victim)) = self.least_recently_used_pinned(name)? else {
+                tracing::warn!(corpus = %name, reason = %why, "the corpus answers by RAG only");
+                *loaded.pin.lock().unwrap_or_else(PoisonError::into_inner) =
+                    PinState::DoesNotFit(why);
+                return Ok((None, released));
+            };
+            if self.release(generator, &victim, PinState::Released)? {
+                tracing::info!(corpus = %name, released = %victim_name, "released a pinned corpus prefix to make room");
+                released.push(victim_name);
+            }
+        }
+    }
+
+    /// The loaded corpus other than `except` whose pinned prefix was used least recently.
+    fn least_recently_used_pinned(
+        &self,
+        except: &str,
+    ) -> Result<Option<(String, Arc<LoadedCorpus>)>> {
+        Ok(self
+            .table()?
+            .iter()
+            .filter(|(n, l)| n.as_str() != except && l.pin_state() == PinState::Pinned)
+            .min_by_key(|(_, l)| l.last_used.load(Ordering::Relaxed))
+            .map(|(n, l)| (n.clone(), l.clone())))
+    }
+
+    /// Unpin the prefix of `loaded` if it is pinned, leaving it in state `after`; whether it was.
+    fn release(
+        &self,
+        generator: &mut dyn Generator,
+        loaded: &LoadedCorpus,
+        after: PinState,
+    ) -> Result<bool> {
+        let mut state = loaded.pin.lock().unwrap_or_else(PoisonError::into_inner);
+        if *state != PinState::Pinned {
+            return Ok(false);
+        }
+        if let Ok(lc) = &loaded.long_context {
+            generator.unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
+        }
+        *state = after;
+        Ok(true)
+    }
+
+    /// Check the embedder, pin the new prefix, swap the corpus in, then release the old prefix
+    /// (pins are counted, so blocks the two share stay resident).
     fn swap_in(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         corpus: Corpus,
-    ) -> Result<CorpusSummary> {
+    ) -> Result<(CorpusSummary, Arc<LoadedCorpus>)> {
         if corpus.embedder_id() != self.embedder.id() {
             return Err(HostError::EmbedderMismatch {
                 corpus: corpus.name.clone(),
@@ -236,52 +430,48 @@ impl CorpusRegistry {
                 embedder: self.embedder.id(),
             });
         }
-        let (long_context, pinned) =
-            prepare_long_context(generator, &corpus, routing, &self.prefix_dir)?;
+        let long_context = long_context_prompt(generator, &corpus, routing)?;
         let name = corpus.name.clone();
-        let loaded = Arc::new(LoadedCorpus {
-            corpus,
-            long_context,
-        });
-        let summary = summary(&name, &loaded, pinned);
-        let old = self.table_mut()?.insert(name, loaded.clone());
-        if let Some(Ok(old_lc)) = old.as_ref().map(|o| o.long_context.as_ref()) {
-            let unchanged = loaded
-                .long_context
-                .as_ref()
-                .is_ok_and(|lc| lc.prefix == old_lc.prefix);
-            if !unchanged {
-                generator.unpin_prefix(ModelRole::LongContext, &old_lc.prefix)?;
-            }
+        let loaded = Arc::new(LoadedCorpus::new(corpus, long_context));
+        self.touch(&loaded);
+        let (pinned, released) = self.pin(generator, &name, &loaded)?;
+        let old = self.table_mut()?.insert(name.clone(), loaded.clone());
+        if let Some(old) = old {
+            self.release(generator, &old, PinState::NoPrefix)?;
         }
-        Ok(summary)
+        let mut summary = summary(&name, &loaded, pinned);
+        summary.unpinned_corpora = released;
+        Ok((summary, loaded))
     }
 
     /// Stop answering from `name` and release its pinned prefix.
     pub fn unload(&self, generator: &mut dyn Generator, name: &str) -> Result<()> {
-        let _guard = self.write_lock()?;
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
         let old = self
             .table_mut()?
             .remove(name)
             .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
-        if let Ok(lc) = &old.long_context {
-            generator.unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
-        }
+        self.release(generator, &old, PinState::NoPrefix)?;
         Ok(())
     }
 
     /// Delete corpus `name` from the store, unloading it (and releasing its prefix) first.
     pub fn delete(&self, generator: &mut dyn Generator, name: &str) -> Result<()> {
-        let _guard = self.write_lock()?;
-        if let Some(old) = self.table_mut()?.remove(name) {
-            if let Ok(lc) = &old.long_context {
-                generator.unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
-            }
+        if !self.in_store(name)? && self.get(name)?.is_none() {
+            return Err(HostError::UnknownCorpus(name.to_string()));
         }
-        self.store.delete(name).map_err(|e| match e {
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        if let Some(old) = self.table_mut()?.remove(name) {
+            self.release(generator, &old, PinState::NoPrefix)?;
+        }
+        let deleted = self.store.delete(name).map_err(|e| match e {
             triage_retrieval::RetrievalError::UnknownCorpus(n) => HostError::UnknownCorpus(n),
             other => other.into(),
-        })
+        });
+        self.forget_writer(name);
+        deleted
     }
 
     /// The names of the loaded corpora.
@@ -298,6 +488,16 @@ impl CorpusRegistry {
             .collect())
     }
 
+    fn check_count(&self, what: &str, n: usize) -> Result<()> {
+        let max = self.limits.max_documents_per_request;
+        if n > max {
+            return Err(HostError::Invalid(format!(
+                "{n} {what} in one request; at most {max} (split the request)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Create a corpus (a conflict if it exists) with `documents`.
     pub fn create(
         &self,
@@ -306,11 +506,27 @@ impl CorpusRegistry {
         name: &str,
         documents: &[Document],
     ) -> Result<DocumentsChange> {
-        let _guard = self.write_lock()?;
-        if self.store.list()?.iter().any(|n| n == name) {
+        self.check_count("documents", documents.len())?;
+        let stored = self.store.list()?;
+        if stored.iter().any(|n| n == name) {
             return Err(HostError::CorpusExists(name.to_string()));
         }
-        self.change(generator, routing, name, documents, &[])
+        if stored.len() >= self.limits.max_corpora {
+            return Err(HostError::Invalid(format!(
+                "the store holds {} corpora, the most this server keeps; delete one first",
+                stored.len()
+            )));
+        }
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        if self.in_store(name)? {
+            return Err(HostError::CorpusExists(name.to_string()));
+        }
+        let change = self.change(generator, routing, name, None, documents, &[]);
+        if !self.in_store(name).unwrap_or(true) {
+            self.forget_writer(name);
+        }
+        change
     }
 
     /// Add or replace documents of an existing corpus.
@@ -321,9 +537,14 @@ impl CorpusRegistry {
         name: &str,
         documents: &[Document],
     ) -> Result<DocumentsChange> {
-        let _guard = self.write_lock()?;
-        self.get_or_load_locked(generator, routing, name)?;
-        self.change(generator, routing, name, documents, &[])
+        self.check_count("documents", documents.len())?;
+        if !self.in_store(name)? {
+            return Err(HostError::UnknownCorpus(name.to_string()));
+        }
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+        self.change(generator, routing, name, Some(&loaded), documents, &[])
     }
 
     /// Delete documents by id from an existing corpus.
@@ -334,24 +555,56 @@ impl CorpusRegistry {
         name: &str,
         ids: &[String],
     ) -> Result<DocumentsChange> {
-        let _guard = self.write_lock()?;
-        let loaded = self.get_or_load_locked(generator, routing, name)?;
-        if let Some(missing) = ids
-            .iter()
-            .find(|id| !loaded.corpus.chunks().iter().any(|c| &c.doc_id == *id))
-        {
+        self.check_count("document ids", ids.len())?;
+        if !self.in_store(name)? {
+            return Err(HostError::UnknownCorpus(name.to_string()));
+        }
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+        let known = document_bytes(&loaded.corpus);
+        if let Some(missing) = ids.iter().find(|id| !known.contains_key(id.as_str())) {
             return Err(HostError::Invalid(format!(
                 "corpus {name:?} has no document {missing:?}"
             )));
         }
-        self.change(generator, routing, name, &[], ids)
+        self.change(generator, routing, name, Some(&loaded), &[], ids)
     }
 
+    /// Refuse a change that would take the corpus past its byte limit.
+    fn check_bytes(
+        &self,
+        name: &str,
+        old: Option<&LoadedCorpus>,
+        documents: &[Document],
+        delete: &[String],
+    ) -> Result<()> {
+        let mut bytes = old.map(|o| document_bytes(&o.corpus)).unwrap_or_default();
+        for id in delete {
+            bytes.remove(id.as_str());
+        }
+        for d in documents {
+            bytes.insert(d.id.as_str(), d.text.len() + d.title.len());
+        }
+        let total: usize = bytes.values().sum();
+        let max = self.limits.max_corpus_bytes;
+        if total > max {
+            return Err(HostError::TooLarge(format!(
+                "corpus {name:?} would hold {total} bytes of text; this server keeps at most {max} per corpus"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Store the change as a new generation, then load it. A load that fails after the store
+    /// succeeded is reported in the answer (the documents are kept; the previous generation is
+    /// still served), not as an error that would make the caller send them again.
     fn change(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
+        old: Option<&LoadedCorpus>,
         documents: &[Document],
         delete: &[String],
     ) -> Result<DocumentsChange> {
@@ -361,6 +614,7 @@ impl CorpusRegistry {
                 d.title
             )));
         }
+        self.check_bytes(name, old, documents, delete)?;
         let tokenizer = self.embedder.model.tokenizer().clone();
         let report = self.store.ingest(
             name,
@@ -370,14 +624,28 @@ impl CorpusRegistry {
             &tokenizer,
             ChunkerConfig::default(),
         )?;
-        let corpus = self.open(name)?;
-        let summary = self.swap_in(generator, routing, corpus)?;
+        let reloaded = self
+            .open(name)
+            .and_then(|corpus| self.swap_in(generator, routing, corpus));
+        let (corpus, reload_error) = match reloaded {
+            Ok((summary, _)) => (summary, None),
+            Err(e) => {
+                tracing::error!(corpus = %name, error = %e, "stored a new generation but could not load it");
+                let served = self.get(name)?.map(|l| summary(name, &l, None));
+                let message = format!(
+                    "the documents are stored, but loading them failed ({e}); {} until the next load",
+                    if served.is_some() { "the previous documents are served" } else { "the corpus is not served" }
+                );
+                (served.unwrap_or_else(|| not_loaded(name)), Some(message))
+            }
+        };
         Ok(DocumentsChange {
             added: report.added,
             updated: report.updated,
             unchanged: report.unchanged,
             deleted: report.deleted,
-            corpus: summary,
+            corpus,
+            reload_error,
         })
     }
 
@@ -388,7 +656,7 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
     ) -> Result<Vec<DocumentSummary>> {
-        let loaded = self.get_or_load(generator, routing, name)?;
+        let (loaded, _) = self.get_or_load(generator, routing, name)?;
         let mut docs: BTreeMap<&str, DocumentSummary> = BTreeMap::new();
         for c in loaded.corpus.chunks() {
             docs.entry(&c.doc_id)

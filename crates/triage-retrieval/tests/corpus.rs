@@ -427,7 +427,14 @@ fn documents_keep_their_place_and_new_ones_come_last() {
         .unwrap();
     assert_eq!(order(&store), ["volcano", "ocean", "bread", "apple"]);
     store
-        .ingest("c", &[], &["volcano".to_string()], &e, &WordOffsets, CHUNKER)
+        .ingest(
+            "c",
+            &[],
+            &["volcano".to_string()],
+            &e,
+            &WordOffsets,
+            CHUNKER,
+        )
         .unwrap();
     assert_eq!(order(&store), ["ocean", "bread", "apple"]);
 }

@@ -20,41 +20,51 @@ pub const QUESTION_HEADROOM: usize = 256;
 /// A corpus's long-context form, or why it has none.
 pub type LongContextOrWhy = std::result::Result<LongContextPrompt, String>;
 
-/// Prepare `corpus` for the long-context model and pin its prefix there (persisted under
-/// `prefix_dir`). When the lc path is not allowed, the corpus is empty or too long for the model,
-/// or the pool cannot hold the prefix, the corpus is still answerable by RAG: the reason comes
-/// back in place of the prompt.
-pub fn prepare_long_context(
+/// The long-context prompt of `corpus`, or why it has none: the lc path is not allowed, the
+/// corpus is empty, or it is too long for the model with a question and an answer.
+pub fn long_context_prompt(
     generator: &mut dyn Generator,
     corpus: &Corpus,
     config: &RoutingConfig,
-    prefix_dir: &Path,
-) -> Result<(LongContextOrWhy, Option<PinnedPrefix>)> {
+) -> Result<LongContextOrWhy> {
     if !config.allows(RoutePath::Lc) {
-        return Ok((Err("the lc path is not allowed".into()), None));
+        return Ok(Err("the lc path is not allowed".into()));
     }
     if corpus.chunks().is_empty() {
-        return Ok((Err("the corpus is empty".into()), None));
+        return Ok(Err("the corpus is empty".into()));
     }
     let model = generator.model(ModelRole::LongContext)?;
     let lc = LongContextPrompt::new(&model, &corpus_text(corpus))?;
     let limit = model.context_length();
     let needed = lc.prefix.len() + QUESTION_HEADROOM + config.lc_max_tokens;
     if needed > limit {
-        let why = format!(
+        return Ok(Err(format!(
             "the corpus is {} tokens; with the question and answer it needs {needed}, the \
              long-context model holds {limit}",
             lc.prefix.len()
-        );
-        return Ok((Err(why), None));
+        )));
     }
+    Ok(Ok(lc))
+}
+
+/// Pin the prefix of `lc` in the long-context model, persisted under `prefix_dir`; a pool too
+/// small for it is `Ok(Err(why))`.
+pub fn pin_long_context(
+    generator: &mut dyn Generator,
+    lc: &LongContextPrompt,
+    prefix_dir: &Path,
+) -> Result<std::result::Result<PinnedPrefix, String>> {
     std::fs::create_dir_all(prefix_dir)
         .map_err(|e| RouterError::Invalid(format!("creating {}: {e}", prefix_dir.display())))?;
-    match generator.pin_prefix(ModelRole::LongContext, &lc.prefix, Some(prefix_dir)) {
-        Ok(pinned) => Ok((Ok(lc), Some(pinned))),
-        // A pool too small for the prefix leaves the corpus answerable by RAG only.
-        Err(e) => Ok((Err(format!("pinning the corpus prefix failed: {e}")), None)),
-    }
+    Ok(
+        match generator.pin_prefix(ModelRole::LongContext, &lc.prefix, Some(prefix_dir)) {
+            Ok(pinned) => Ok(pinned),
+            Err(e) => Err(format!(
+                "the {}-token corpus prefix does not fit in the long-context model's KV cache: {e}",
+                lc.prefix.len()
+            )),
+        },
+    )
 }
 
 const SYSTEM: &str = "You answer questions about the documents the user provides. Answer with \
@@ -76,7 +86,9 @@ pub fn corpus_text(corpus: &Corpus) -> String {
         });
         entry.push(chunk);
     }
-    let docs = order.into_iter().filter_map(|id| docs.remove(id).map(|c| (id, c)));
+    let docs = order
+        .into_iter()
+        .filter_map(|id| docs.remove(id).map(|c| (id, c)));
     let mut out = String::new();
     for (doc_id, mut chunks) in docs {
         chunks.sort_by_key(|c| (c.start, c.end));

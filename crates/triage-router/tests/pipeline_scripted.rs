@@ -710,7 +710,10 @@ fn the_long_context_prompt_shares_its_prefix_across_questions() {
     let text = corpus_text(&f.corpus);
     // Documents in the order they were ingested, not by id: an appended one comes last.
     assert!(text.starts_with("[france] france\n"), "{text}");
-    assert!(text.trim_end().ends_with("waves cross the ocean."), "{text}");
+    assert!(
+        text.trim_end().ends_with("waves cross the ocean."),
+        "{text}"
+    );
     assert!(text.contains("Paris is the capital of France"));
     // Rendering the whole chat at once gives the same tokens (the split is invisible).
     let whole = triage_engine::generate::tokenize_prompt(

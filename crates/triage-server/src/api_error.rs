@@ -37,6 +37,10 @@ impl From<HostError> for ApiError {
                 code: Some("conflict"),
                 ..Self::new(StatusCode::CONFLICT, message)
             },
+            ErrorKind::TooLarge => Self {
+                code: Some("corpus_too_large"),
+                ..Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+            },
             ErrorKind::Overloaded => Self {
                 code: Some("overloaded"),
                 ..Self::new(StatusCode::TOO_MANY_REQUESTS, message)

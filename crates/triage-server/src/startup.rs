@@ -39,7 +39,7 @@ pub fn routing_service(
             return Ok(None);
         }
     };
-    let service = RoutingService::new(
+    let mut service = RoutingService::new(
         &section.alias,
         config.routing.clone(),
         workers,
@@ -47,6 +47,7 @@ pub fn routing_service(
         &triage_models::paths::triage_home(),
         section.prefix_dir(),
     )?;
+    service.host = service.host.with_corpus_limits(section.limits);
     service.host.load_corpora(&section.corpora)?;
     tracing::info!(alias = %section.alias, "routing pipeline ready");
     Ok(Some(Arc::new(service)))

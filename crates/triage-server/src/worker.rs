@@ -289,7 +289,9 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                             let _ = reply.send(Ok((handle.num_tokens, source)));
                             pins.push((tokens, handle));
                         }
-                        Ok(PinStart::Pending(pending)) => pending_pins.push((tokens, pending, reply)),
+                        Ok(PinStart::Pending(pending)) => {
+                            pending_pins.push((tokens, pending, reply))
+                        }
                         Err(e) => {
                             let _ = reply.send(Err(e));
                         }

@@ -179,6 +179,14 @@ pub struct DecisionRecord {
     pub stages: Vec<StageRecord>,
     #[serde(deserialize_with = "or_nan")]
     pub cost: f64,
+    /// Why the long-context path was not available for this corpus (not allowed, too long for
+    /// the model, or its prefix does not fit in the KV cache), when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub long_context_unavailable: Option<String>,
+    /// Corpora whose pinned prefix was released to make room for this corpus's (they are
+    /// pinned again when next asked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpinned_corpora: Vec<String>,
 }
 
 impl DecisionRecord {
@@ -194,6 +202,8 @@ impl DecisionRecord {
             monitor: None,
             stages: Vec::new(),
             cost: 0.0,
+            long_context_unavailable: None,
+            unpinned_corpora: Vec::new(),
         }
     }
 

@@ -99,6 +99,7 @@ impl<'p, 'a> Run<'p, 'a> {
             events,
             record: DecisionRecord::new(request.route != Route::Auto),
         };
+        run.record.long_context_unavailable = corpus.long_context.as_ref().err().cloned();
         run.record.estimated_costs = run
             .estimate_costs()?
             .into_iter()
