@@ -22,8 +22,9 @@ pub struct StopOutput {
 #[derive(Debug, Clone)]
 pub struct StopChecker {
     stops: Vec<String>,
-    /// Length in bytes of the longest stop string.
-    max_stop_len: usize,
+    automaton: StopAutomaton,
+    /// The automaton's state after the last byte received.
+    state: usize,
     /// Text received but not emitted: a suffix that is the start of some stop string.
     pending: String,
     stopped: bool,
@@ -41,28 +42,38 @@ impl StopChecker {
         }
         Ok(Self {
             stops: stops.to_vec(),
-            max_stop_len: stops.iter().map(String::len).max().unwrap_or(0),
+            automaton: StopAutomaton::new(stops),
+            state: ROOT,
             pending: String::new(),
             stopped: false,
         })
     }
 
     /// Takes the next decoded piece. After a match every later piece is dropped and gives an empty
-    /// output.
+    /// output. Costs O(piece) (amortised), whatever the stop strings' lengths.
     pub fn push(&mut self, piece: &str) -> StopOutput {
         if self.stopped {
             return StopOutput::default();
         }
+        let base = self.pending.len();
         self.pending.push_str(piece);
-        if let Some((start, stop_idx)) = self.first_match() {
-            self.pending.truncate(start);
-            self.stopped = true;
-            return StopOutput {
-                text: std::mem::take(&mut self.pending),
-                matched: Some(self.stops[stop_idx].clone()),
-            };
+        for (i, byte) in piece.bytes().enumerate() {
+            self.state = self.automaton.next(self.state, byte);
+            if let Some(stop_idx) = self.automaton.output[self.state] {
+                // A stop string starts with a UTF-8 leading byte, and so does its copy here:
+                // `start` is a character boundary.
+                let start = base + i + 1 - self.stops[stop_idx].len();
+                self.pending.truncate(start);
+                self.stopped = true;
+                return StopOutput {
+                    text: std::mem::take(&mut self.pending),
+                    matched: Some(self.stops[stop_idx].clone()),
+                };
+            }
         }
-        let held_start = self.held_start();
+        // The held suffix is the state's depth: the longest suffix that begins a stop string
+        // (a character boundary, as above).
+        let held_start = self.pending.len() - self.automaton.depth[self.state];
         StopOutput {
             text: self.pending.drain(..held_start).collect(),
             matched: None,
@@ -83,35 +94,98 @@ impl StopChecker {
     pub fn pending(&self) -> &str {
         &self.pending
     }
+}
 
-    /// `(start, stop_idx)` of the complete stop string in `pending` that ends first, the longest
-    /// on equal ends. Any match ends inside the newest piece: one ending earlier was found before.
-    fn first_match(&self) -> Option<(usize, usize)> {
-        self.stops
-            .iter()
-            .enumerate()
-            .filter_map(|(stop_idx, stop)| {
-                let start = self.pending.find(stop.as_str())?;
-                Some((start + stop.len(), start, stop_idx))
-            })
-            .min_by_key(|&(end, start, _)| (end, start))
-            .map(|(_, start, stop_idx)| (start, stop_idx))
+const ROOT: usize = 0;
+
+/// An Aho–Corasick automaton over the stop strings' bytes. Its state after each byte is the
+/// longest suffix of the text so far that begins some stop string; `depth` is that suffix's
+/// length (the text to hold back) and `output` the stop string that ends there first: the node's
+/// own (the longest) or, failing that, the longest ending on its suffix chain. Written here
+/// rather than taken from the `aho-corasick` crate because the held-back length needs the
+/// state's depth, which the crate does not expose.
+#[derive(Debug, Clone)]
+struct StopAutomaton {
+    /// Trie edges of each node, sorted by byte.
+    edges: Vec<Vec<(u8, usize)>>,
+    /// The longest proper suffix of a node's string that is also a node.
+    fail: Vec<usize>,
+    depth: Vec<usize>,
+    output: Vec<Option<usize>>,
+}
+
+impl StopAutomaton {
+    fn new(stops: &[String]) -> Self {
+        let mut a = Self {
+            edges: vec![Vec::new()],
+            fail: vec![ROOT],
+            depth: vec![0],
+            output: vec![None],
+        };
+        for (stop_idx, stop) in stops.iter().enumerate() {
+            let mut node = ROOT;
+            for &byte in stop.as_bytes() {
+                node = match a.edge(node, byte) {
+                    Some(child) => child,
+                    None => a.add_child(node, byte),
+                };
+            }
+            // The first of equal stop strings is the one reported.
+            a.output[node].get_or_insert(stop_idx);
+        }
+        a.link();
+        a
     }
 
-    /// Where the longest suffix of `pending` that begins some stop string starts (`pending.len()`
-    /// when there is none). Such a suffix is shorter than the longest stop string.
-    fn held_start(&self) -> usize {
-        let len = self.pending.len();
-        let lowest = len.saturating_sub(self.max_stop_len.saturating_sub(1));
-        (lowest..len)
-            .filter(|&idx| self.pending.is_char_boundary(idx))
-            .find(|&idx| {
-                let tail = &self.pending.as_bytes()[idx..];
-                self.stops
-                    .iter()
-                    .any(|stop| stop.as_bytes().starts_with(tail))
-            })
-            .unwrap_or(len)
+    fn edge(&self, node: usize, byte: u8) -> Option<usize> {
+        let edges = &self.edges[node];
+        edges
+            .binary_search_by_key(&byte, |&(b, _)| b)
+            .ok()
+            .map(|i| edges[i].1)
+    }
+
+    fn add_child(&mut self, node: usize, byte: u8) -> usize {
+        let child = self.edges.len();
+        self.edges.push(Vec::new());
+        self.fail.push(ROOT);
+        self.depth.push(self.depth[node] + 1);
+        self.output.push(None);
+        let edges = &mut self.edges[node];
+        let at = edges.partition_point(|&(b, _)| b < byte);
+        edges.insert(at, (byte, child));
+        child
+    }
+
+    /// Suffix links and inherited outputs, breadth first (a node's link is shallower than it).
+    fn link(&mut self) {
+        let mut queue = std::collections::VecDeque::from([ROOT]);
+        while let Some(node) = queue.pop_front() {
+            for (byte, child) in self.edges[node].clone() {
+                self.fail[child] = if node == ROOT {
+                    ROOT
+                } else {
+                    self.next(self.fail[node], byte)
+                };
+                if self.output[child].is_none() {
+                    self.output[child] = self.output[self.fail[child]];
+                }
+                queue.push_back(child);
+            }
+        }
+    }
+
+    /// The state after `byte`.
+    fn next(&self, mut node: usize, byte: u8) -> usize {
+        loop {
+            if let Some(child) = self.edge(node, byte) {
+                return child;
+            }
+            if node == ROOT {
+                return ROOT;
+            }
+            node = self.fail[node];
+        }
     }
 }
 
