@@ -148,11 +148,24 @@ pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
         Prompt::Text(text) => model
             .tokenizer
             .encode(text, model.tokenizer.add_bos(), false)?,
-        Prompt::Chat(messages) => {
-            let text = model.chat_template.render(messages, true)?;
-            // The template writes its own special tokens (BOS included when the model wants it).
-            model.tokenizer.encode(&text, false, true)?
-        }
+        // The template writes its own special tokens (BOS included when the model wants it);
+        // the messages' text is encoded as text, so it cannot open or close a turn.
+        Prompt::Chat(messages) => match model.chat_template.render_parts(messages, true)? {
+            Some(parts) => model.tokenizer.encode_parts(&parts)?,
+            None => {
+                if let Some(token) = messages
+                    .iter()
+                    .find_map(|m| model.tokenizer.special_token_in(&m.content))
+                {
+                    return Err(EngineError::Invalid(format!(
+                        "a message contains the control token {token:?}; this model's chat \
+                         template rewrites message text, so it cannot be kept as plain text"
+                    )));
+                }
+                let text = model.chat_template.render(messages, true)?;
+                model.tokenizer.encode(&text, false, true)?
+            }
+        },
     };
     if ids.is_empty() {
         return Err(EngineError::Invalid("the prompt is empty".into()));

@@ -506,6 +506,33 @@ impl TextTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids of a rendered chat: the template's text with its special tokens parsed, the
+    /// messages' text with special-token strings kept as text.
+    pub fn encode_parts(&self, parts: &[crate::chat_template::PromptPart]) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for part in parts {
+            match part {
+                crate::chat_template::PromptPart::Template(t) => {
+                    ids.extend(self.encode(t, false, true)?)
+                }
+                crate::chat_template::PromptPart::Content(t) => {
+                    ids.extend(self.encode(t, false, false)?)
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The first special token (`<|im_end|>`, ...) written out in `text`, if any.
+    pub fn special_token_in(&self, text: &str) -> Option<String> {
+        self.tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .find(|c| text.contains(c.as_str()))
+    }
+
     fn literal_tokenizer(&self) -> &Tokenizer {
         self.literal_specials.get_or_init(|| {
             let mut tokenizer = self.tokenizer.clone();

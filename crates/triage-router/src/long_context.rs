@@ -119,47 +119,51 @@ pub fn corpus_text(corpus: &Corpus) -> String {
 pub struct LongContextPrompt {
     /// The shared part: template opening, instructions and the whole corpus.
     pub prefix: Vec<u32>,
-    /// The rendered text after the question (closing the user turn, opening the answer).
+    /// The template's text after the question (closing the user turn, opening the answer).
     suffix_after_question: String,
-    /// The rendered text between the corpus and the question.
-    before_question: String,
 }
 
 impl LongContextPrompt {
-    /// Render the long-context chat for `corpus_text` with `model`'s template.
+    /// Render the long-context chat for `corpus_text` with `model`'s template. The corpus and the
+    /// questions are message text: special-token strings in them stay text.
     pub fn new(model: &Model, corpus_text: &str) -> Result<Self> {
-        let user = format!("Documents:\n\n{corpus_text}Question: {MARKER}");
-        let rendered = model.chat_template.render(
-            &[
-                ChatMessage::new("system", SYSTEM),
-                ChatMessage::new("user", user),
-            ],
-            true,
-        )?;
-        let (head, tail) = rendered
-            .split_once(MARKER)
-            .ok_or_else(|| RouterError::Invalid("the chat template dropped the question".into()))?;
+        let documents = format!("Documents:\n\n{corpus_text}");
+        let user = format!("{documents}Question: {MARKER}");
+        let messages = [
+            ChatMessage::new("system", SYSTEM),
+            ChatMessage::new("user", user),
+        ];
+        let parts = model
+            .chat_template
+            .render_parts(&messages, true)?
+            .filter(|p| p.len() == 5)
+            .ok_or_else(|| {
+                RouterError::Invalid(
+                    "the long-context model's chat template rewrites message text, so the \
+                     corpus prefix cannot be cut from it"
+                        .into(),
+                )
+            })?;
         // The prefix ends where the corpus does; "Question: " travels with each question, so a
         // tokenizer merge across the boundary can never change the cached tokens.
-        let cut = head.rfind("Question: ").unwrap_or(head.len());
-        let prefix = model.tokenizer.encode(&head[..cut], false, true)?;
+        let mut prefix = model.tokenizer.encode_parts(&parts[..3])?;
+        prefix.extend(model.tokenizer.encode(&documents, false, false)?);
         Ok(Self {
             prefix,
-            suffix_after_question: tail.to_string(),
-            before_question: head[cut..].to_string(),
+            suffix_after_question: parts[4].text().to_string(),
         })
     }
 
     /// The full prompt for `question`: the cached prefix, then the question's own tokens.
     pub fn tokens(&self, model: &Model, question: &str) -> Result<Vec<u32>> {
-        let tail = format!(
-            "{}{}{}",
-            self.before_question,
-            question.trim(),
-            self.suffix_after_question
-        );
         let mut ids = self.prefix.clone();
-        ids.extend(model.tokenizer.encode(&tail, false, true)?);
+        let asked = format!("Question: {}", question.trim());
+        ids.extend(model.tokenizer.encode(&asked, false, false)?);
+        ids.extend(
+            model
+                .tokenizer
+                .encode(&self.suffix_after_question, false, true)?,
+        );
         Ok(ids)
     }
 }
