@@ -202,6 +202,13 @@ pub struct ServerSettings {
     pub max_pending_requests: usize,
     /// After SIGTERM/Ctrl-C, how long in-flight requests may take before the server exits.
     pub shutdown_timeout_s: u64,
+    /// How long a client may take to send a request's headers, and how long a kept-alive
+    /// connection may sit idle between requests, before it is closed.
+    pub header_timeout_s: u64,
+    /// How long a client may take to send a request's body (408 beyond).
+    pub body_timeout_s: u64,
+    /// Open connections served at once; further ones wait in the listen backlog.
+    pub max_connections: usize,
     /// Host names `/v1` requests may carry besides the loopback names, for a server bound to
     /// loopback (a DNS-rebinding page names its own domain); a server bound elsewhere accepts
     /// any name unless this is set.
@@ -272,6 +279,9 @@ impl Default for ServerSettings {
             max_body_bytes: 16 * 1024 * 1024,
             max_pending_requests: 256,
             shutdown_timeout_s: 30,
+            header_timeout_s: 30,
+            body_timeout_s: 60,
+            max_connections: 1024,
             allowed_hosts: Vec::new(),
         }
     }
@@ -323,6 +333,9 @@ struct RawConfig {
     max_body_bytes: Option<usize>,
     max_pending_requests: Option<usize>,
     shutdown_timeout_s: Option<u64>,
+    header_timeout_s: Option<u64>,
+    body_timeout_s: Option<u64>,
+    max_connections: Option<usize>,
     models: Option<toml::Value>,
     pipeline: Option<PipelineSettings>,
     routing: RoutingConfig,
@@ -466,6 +479,9 @@ impl RawConfig {
                 shutdown_timeout_s: self
                     .shutdown_timeout_s
                     .unwrap_or(defaults.shutdown_timeout_s),
+                header_timeout_s: self.header_timeout_s.unwrap_or(defaults.header_timeout_s),
+                body_timeout_s: self.body_timeout_s.unwrap_or(defaults.body_timeout_s),
+                max_connections: self.max_connections.unwrap_or(defaults.max_connections),
             },
             models,
             pipeline,
@@ -598,9 +614,15 @@ impl TriageConfig {
             m.engine_config()?;
         }
         let s = &self.server;
-        if s.max_body_bytes == 0 || s.max_pending_requests == 0 {
+        if s.max_body_bytes == 0
+            || s.max_pending_requests == 0
+            || s.max_connections == 0
+            || s.header_timeout_s == 0
+            || s.body_timeout_s == 0
+        {
             return Err(config_error(
-                "max_body_bytes and max_pending_requests must be positive",
+                "max_body_bytes, max_pending_requests, max_connections, header_timeout_s and \
+                 body_timeout_s must be positive",
             ));
         }
         if matches!(&s.api_key, Some(k) if k.is_empty()) {

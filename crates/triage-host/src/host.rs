@@ -3,6 +3,7 @@
 //! host over its engine threads.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 
 use triage_retrieval::{BertEmbedder, Corpus, Document};
 use triage_router::decision::DecisionRecord;
@@ -18,6 +19,18 @@ use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsC
 pub trait ModelAccess: Send + Sync {
     /// Run `f` with a generator over the role models.
     fn with_generator<R>(&self, f: impl FnOnce(&mut dyn Generator) -> R) -> Result<R>;
+
+    /// [`ModelAccess::with_generator`] whose generations stop once `cancelled` is set (the
+    /// caller went away). Models stepped in the caller's own thread cannot be left behind, so
+    /// the default ignores it.
+    fn with_cancellable_generator<R>(
+        &self,
+        cancelled: &AtomicBool,
+        f: impl FnOnce(&mut dyn Generator) -> R,
+    ) -> Result<R> {
+        let _ = cancelled;
+        self.with_generator(f)
+    }
 }
 
 /// The pipeline, the models it reaches through `M`, and the corpora it answers from.
@@ -187,10 +200,21 @@ impl<M: ModelAccess> Host<M> {
     pub fn ask_stream(
         &self,
         request: &AskRequest,
+        on_event: impl FnMut(AnswerEvent),
+    ) -> Result<Answer> {
+        self.ask_stream_until(request, &AtomicBool::new(false), on_event)
+    }
+
+    /// [`Host::ask_stream`] that gives up, at the next generated token, once `cancelled` is set
+    /// (a server's client went away: its question should not cost a full run).
+    pub fn ask_stream_until(
+        &self,
+        request: &AskRequest,
+        cancelled: &AtomicBool,
         mut on_event: impl FnMut(AnswerEvent),
     ) -> Result<Answer> {
         let routing = &self.pipeline.config;
-        self.models.with_generator(|g| {
+        self.models.with_cancellable_generator(cancelled, |g| {
             let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
             let view = loaded.view(&request.corpus);
             let mut answer =

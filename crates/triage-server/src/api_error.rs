@@ -156,6 +156,17 @@ impl ApiError {
         }
     }
 
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(seconds: u64) -> Self {
+        Self {
+            code: Some("request_timeout"),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {seconds} s"),
+            )
+        }
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }

@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::api_error::ApiError;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
@@ -118,6 +119,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(state.config.server.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             state.clone(),
+            read_body_in_time,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
             count_requests,
         ))
         .with_state(state)
@@ -154,6 +159,35 @@ async fn require_api_key(
         }
     }
     next.run(request).await
+}
+
+/// Read the whole body within `body_timeout_s` (408 otherwise), so a client that trickles its
+/// body cannot hold a handler; bodies past `max_body_bytes` are a 413 here already.
+async fn read_body_in_time(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let settings = &state.config.server;
+    let (parts, body) = request.into_parts();
+    let deadline = Duration::from_secs(settings.body_timeout_s);
+    let read = axum::body::to_bytes(body, settings.max_body_bytes);
+    let bytes = match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                ApiError::from_body_rejection(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())
+            } else {
+                ApiError::invalid(format!("reading the request body: {e}"))
+            }
+            .into_response();
+        }
+        Err(_) => return ApiError::body_timeout(settings.body_timeout_s).into_response(),
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 async fn count_requests(
@@ -365,28 +399,59 @@ pub async fn shutdown_signal() {
 
 /// Serve until `shutdown` resolves; then stop accepting, give in-flight requests
 /// `shutdown_timeout_s` to finish, cancel whatever is left and stop the engine threads.
+///
+/// Connections are served by hyper directly (not `axum::serve`) for what a server facing slow
+/// or hostile clients needs: a header timeout that also closes idle kept-alive connections,
+/// and at most `max_connections` connections at once.
 pub async fn serve(
     state: Arc<AppState>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let graceful = async move {
-        shutdown.await;
-        tracing::info!("shutting down: no new connections, finishing in-flight requests");
-        let _ = signalled_tx.send(());
-    };
-    let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(graceful);
-    let deadline = Duration::from_secs(state.config.server.shutdown_timeout_s);
-    let timed_out = tokio::select! {
-        result = server => { result?; false }
-        _ = async {
-            match signalled_rx.await {
-                Ok(()) => tokio::time::sleep(deadline).await,
-                Err(_) => std::future::pending::<()>().await,
+    let app = router(state.clone());
+    let settings = state.config.server.clone();
+    let permits = Arc::new(Semaphore::new(settings.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(settings.header_timeout_s))
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
             }
-        } => true,
-    };
+            drop(permit);
+        });
+    }
+    tracing::info!("shutting down: no new connections, finishing in-flight requests");
+    drop(listener);
+    let deadline = Duration::from_secs(settings.shutdown_timeout_s);
+    let timed_out = tokio::time::timeout(deadline, graceful.shutdown())
+        .await
+        .is_err();
     if timed_out {
         tracing::warn!("shutdown deadline passed with requests in flight; cancelling them");
     }

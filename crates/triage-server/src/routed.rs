@@ -5,6 +5,7 @@
 //! chunk.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
@@ -22,6 +23,7 @@ use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath};
 
 use crate::api_error::ApiError;
 use crate::app::AppState;
+use crate::generation::Ticket;
 use crate::routing::RoutingService;
 use crate::wire::ChatCompletionRequest;
 use triage_host::HostError;
@@ -95,22 +97,54 @@ enum Message {
     Done(Box<Result<Answer, ApiError>>),
 }
 
+/// Sets its flag when dropped: held by whatever serves the answer (the handler, or the SSE
+/// stream), so a client that goes away stops the pipeline at its next token.
+pub struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Run the pipeline on the blocking pool, holding `ticket` until it is done.
 fn spawn_ask(
     service: Arc<RoutingService>,
     request: AskRequest,
-) -> mpsc::UnboundedReceiver<Message> {
+    ticket: Ticket,
+) -> (mpsc::UnboundedReceiver<Message>, CancelOnDrop) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let flag = cancelled.clone();
     tokio::task::spawn_blocking(move || {
         let events = tx.clone();
         let result = service
             .host
-            .ask_stream(&request, |e| {
+            .ask_stream_until(&request, &flag, |e| {
                 let _ = events.send(Message::Event(e));
             })
             .map_err(ApiError::from);
+        drop(ticket);
         let _ = tx.send(Message::Done(Box::new(result)));
     });
-    rx
+    (rx, CancelOnDrop(cancelled))
+}
+
+/// A queue ticket on the pipeline's base model (429 beyond the limit, as plain requests get),
+/// or a 503 while any of its models' engines has stopped.
+fn admit(state: &AppState, service: &RoutingService) -> Result<Ticket, ApiError> {
+    if let Some(dead) = service.workers.iter().find(|w| !w.is_alive()) {
+        return Err(ApiError::unavailable(format!(
+            "the engine of model `{}`, which the routing pipeline uses, has stopped; retry on \
+             another replica",
+            dead.name
+        )));
+    }
+    let base = service
+        .workers
+        .first()
+        .ok_or_else(|| ApiError::internal("the routing pipeline has no models"))?;
+    Ticket::take(base, state.config.server.max_pending_requests)
 }
 
 fn usage_json(answer: &Answer) -> serde_json::Value {
@@ -223,7 +257,8 @@ pub async fn chat(
     let max_tokens = request.max_tokens();
     let ask = ask_request(ext, question, max_tokens)?;
     let model = service.alias.clone();
-    let mut rx = spawn_ask(service, ask);
+    let ticket = admit(&state, &service)?;
+    let (mut rx, cancel) = spawn_ask(service, ask, ticket);
     if !request.common.stream {
         loop {
             match rx.recv().await {
@@ -272,7 +307,7 @@ pub async fn chat(
         None,
         Some(json!({"path": path})),
     );
-    let stream = sse_stream(rx, first, chunk, include_usage);
+    let stream = sse_stream(rx, first, chunk, include_usage, cancel);
     let response = Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response();
@@ -289,15 +324,18 @@ fn sse_stream(
         + Send
         + 'static,
     include_usage: bool,
+    cancel: CancelOnDrop,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let chunk: Box<Chunk> = Box::new(chunk);
     let queued: std::collections::VecDeque<String> = [first.to_string()].into();
+    // The stream owns `cancel`: hyper drops the stream when the client goes away.
     stream::unfold(
-        (rx, queued, false, chunk),
-        move |(mut rx, mut queued, mut done, chunk)| async move {
+        (rx, queued, false, chunk, cancel),
+        move |(mut rx, mut queued, mut done, chunk, cancel)| async move {
             loop {
                 if let Some(data) = queued.pop_front() {
-                    return Some((Ok(Event::default().data(data)), (rx, queued, done, chunk)));
+                    let next = (rx, queued, done, chunk, cancel);
+                    return Some((Ok(Event::default().data(data)), next));
                 }
                 if done {
                     return None;
@@ -359,9 +397,14 @@ pub async fn route(state: Arc<AppState>, body: RouteRequest) -> Result<Response,
         body.question,
         None,
     )?;
-    let record = tokio::task::spawn_blocking(move || service.host.plan(&ask))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))??;
+    let ticket = admit(&state, &service)?;
+    let record = tokio::task::spawn_blocking(move || {
+        let record = service.host.plan(&ask);
+        drop(ticket);
+        record
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
     let path = record.path;
     let body = json!({"object": "triage.route", "path": path, "route": record});
     Ok(with_route(Json(body).into_response(), path))

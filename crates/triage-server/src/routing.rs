@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use triage_engine::generate::{tokenize_prompt, FinishReason, GenerateRequest, TokenOutput};
@@ -21,6 +22,13 @@ use crate::worker::EngineWorker;
 /// The models of the pipeline, reached through their engine workers.
 struct WorkerGenerator<'a> {
     roles: &'a HashMap<ModelRole, Arc<EngineWorker>>,
+    /// Set when the client went away: generations stop at their next token.
+    cancelled: Option<&'a AtomicBool>,
+}
+
+/// The error of a generation stopped because its client went away.
+fn client_gone() -> RouterError {
+    RouterError::Invalid("the client went away; the request was cancelled".into())
 }
 
 impl WorkerGenerator<'_> {
@@ -39,10 +47,15 @@ fn drain(
     i: usize,
     watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
     started: std::time::Instant,
+    cancelled: Option<&AtomicBool>,
 ) -> triage_router::Result<Generated> {
     let mut text = String::new();
     let mut tokens = Vec::new();
     while let Some(event) = rx.blocking_recv() {
+        // Dropping the receiver (on return) cancels the request at the engine's next step.
+        if cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(client_gone());
+        }
         match event {
             StreamEvent::Token(token, piece) => {
                 text.push_str(&piece);
@@ -87,9 +100,9 @@ fn drain(
             }
         }
     }
-    Err(RouterError::Invalid(
+    Err(RouterError::Engine(EngineError::RequestFailed(
         "the engine stopped before the request finished".into(),
-    ))
+    )))
 }
 
 impl Generator for WorkerGenerator<'_> {
@@ -104,6 +117,9 @@ impl Generator for WorkerGenerator<'_> {
         watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
     ) -> triage_router::Result<Vec<Generated>> {
         let worker = self.worker(role)?.clone();
+        if self.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(client_gone());
+        }
         let started = std::time::Instant::now();
         let mut receivers = Vec::with_capacity(requests.len());
         for request in requests {
@@ -113,7 +129,9 @@ impl Generator for WorkerGenerator<'_> {
         receivers
             .into_iter()
             .enumerate()
-            .map(|(i, (rx, prompt_tokens))| drain(rx, prompt_tokens, i, watch, started))
+            .map(|(i, (rx, prompt_tokens))| {
+                drain(rx, prompt_tokens, i, watch, started, self.cancelled)
+            })
             .collect()
     }
 
@@ -157,7 +175,21 @@ impl WorkerModels {
 
 impl ModelAccess for WorkerModels {
     fn with_generator<R>(&self, f: impl FnOnce(&mut dyn Generator) -> R) -> Result<R, HostError> {
-        Ok(f(&mut WorkerGenerator { roles: &self.roles }))
+        Ok(f(&mut WorkerGenerator {
+            roles: &self.roles,
+            cancelled: None,
+        }))
+    }
+
+    fn with_cancellable_generator<R>(
+        &self,
+        cancelled: &AtomicBool,
+        f: impl FnOnce(&mut dyn Generator) -> R,
+    ) -> Result<R, HostError> {
+        Ok(f(&mut WorkerGenerator {
+            roles: &self.roles,
+            cancelled: Some(cancelled),
+        }))
     }
 }
 
@@ -166,6 +198,9 @@ pub struct RoutingService {
     /// The `model` name clients use for the pipeline.
     pub alias: String,
     pub host: Host<WorkerModels>,
+    /// The workers playing its roles (a pipeline request takes a queue ticket on the base
+    /// model's, and is refused while any of them has stopped).
+    pub workers: Vec<Arc<EngineWorker>>,
 }
 
 impl std::fmt::Debug for RoutingService {
@@ -188,9 +223,18 @@ impl RoutingService {
         prefix_dir: PathBuf,
     ) -> Result<Self, HostError> {
         let models = WorkerModels::new(workers)?;
+        let mut roles: Vec<Arc<EngineWorker>> = Vec::new();
+        for role in [ModelRole::Base, ModelRole::LongContext, ModelRole::Router] {
+            if let Some(w) = models.roles.get(&role) {
+                if !roles.iter().any(|r| Arc::ptr_eq(r, w)) {
+                    roles.push(w.clone());
+                }
+            }
+        }
         Ok(Self {
             alias: alias.to_string(),
             host: Host::with_models(models, config, embedder, data_dir, prefix_dir)?,
+            workers: roles,
         })
     }
 }

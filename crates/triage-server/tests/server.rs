@@ -1070,3 +1070,103 @@ async fn requests_cancelled_at_shutdown_are_errors_not_stops() {
     assert_eq!(status, 503, "{error}");
     assert!(error["error"]["message"].is_string(), "{error}");
 }
+
+/// A pipeline request holds a queue ticket on the base model like a plain one (429 beyond the
+/// limit, for plain requests too), and a client that goes away stops its run at the next token
+/// instead of costing a whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_requests_take_a_queue_ticket_and_stop_when_their_client_goes_away() {
+    let server = TestServer::start_routed(|c| {
+        c.server.max_pending_requests = 1;
+        c.routing.rag_max_tokens = 4000;
+    })
+    .await;
+    let (status, _, created) = server
+        .send(
+            reqwest::Method::POST,
+            "/v1/corpora",
+            &json!({"name": "docs", "documents": documents()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    // A plain request holding the model's one slot turns a pipeline request away.
+    let mut hold = chat_body("hold the slot", 4000);
+    hold["stream"] = json!(true);
+    let busy = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&hold)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(busy.status(), 200);
+    let question = |q: &str, max_tokens: u64| {
+        let mut body = ask(q, json!({"corpus": "docs", "route": "rag"}));
+        body["max_tokens"] = json!(max_tokens);
+        body
+    };
+    let (status, error) = server
+        .post(
+            "/v1/chat/completions",
+            &question("where did the dog run", 4),
+        )
+        .await;
+    assert_eq!(status, 429, "{error}");
+    assert_eq!(error["error"]["code"], "queue_full");
+    drop(busy);
+    server.wait_no_requests().await;
+    // The random model ends some answers early: find a question it answers at length (greedy,
+    // so the same question runs at least as long again).
+    let mut long = None;
+    for q in [
+        "where did the dog run",
+        "what did the bird do",
+        "which mat",
+        "who sat",
+        "why",
+    ] {
+        let (status, answer) = server.post("/v1/chat/completions", &question(q, 600)).await;
+        assert_eq!(status, 200, "{answer}");
+        if answer["usage"]["completion_tokens"] == 600 {
+            long = Some(q);
+            break;
+        }
+    }
+    let q = long.expect("one of the questions is answered at length");
+    let mut body = question(q, 3000);
+    body["stream"] = json!(true);
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    use futures_util::StreamExt;
+    let mut seen = String::new();
+    let has_text = |seen: &str| {
+        sse_data(seen).iter().any(|d| {
+            serde_json::from_str::<Value>(d).is_ok_and(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+            })
+        })
+    };
+    while !has_text(&seen) {
+        let bytes = stream.next().await.unwrap().unwrap();
+        seen.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    // A pipeline request in flight holds the slot too.
+    let (status, _) = server
+        .post("/v1/chat/completions", &chat_body("plain", 2))
+        .await;
+    assert_eq!(status, 429, "the pipeline's ticket counts for the model");
+    drop(stream);
+    server.wait_abandoned(1).await;
+    server.wait_no_requests().await;
+    let (status, answer) = server
+        .post("/v1/chat/completions", &chat_body("plain", 2))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+}

@@ -146,6 +146,26 @@ impl TestServer {
         }
     }
 
+    /// Wait until no request is pending, running or waiting (blocks of pinned corpus prefixes
+    /// stay in use).
+    pub async fn wait_no_requests(&self) {
+        let start = Instant::now();
+        let stats = &self.state.workers[0].stats;
+        let busy = || {
+            self.pending()
+                + stats.running.load(Ordering::SeqCst)
+                + stats.waiting.load(Ordering::SeqCst)
+        };
+        while busy() != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still {} requests",
+                busy()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Wait until the engine has cancelled `n` requests whose clients left.
     pub async fn wait_abandoned(&self, n: usize) {
         let start = Instant::now();
