@@ -1170,3 +1170,78 @@ async fn pipeline_requests_take_a_queue_ticket_and_stop_when_their_client_goes_a
         .await;
     assert_eq!(status, 200, "{answer}");
 }
+
+/// Read from `stream` until the server closes it (or 10 s pass); what it sent.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(String::from_utf8_lossy(&got).into_owned()),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Slow or idle clients cannot hold the server: a connection that sends no request, half a
+/// header, or nothing after its last answer is closed after the header timeout; a body that
+/// trickles in gets a 408; and with every connection slot taken by idle clients a new request
+/// waits for one to be closed instead of being served never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let server = TestServer::start(|c| {
+        c.server.header_timeout_s = 1;
+        c.server.body_timeout_s = 1;
+        c.server.max_connections = 2;
+    })
+    .await;
+    let addr = server.url.trim_start_matches("http://").to_string();
+
+    let mut silent = TcpStream::connect(&addr).await.unwrap();
+    assert!(read_until_closed(&mut silent).await.is_some(), "silent");
+    let mut half = TcpStream::connect(&addr).await.unwrap();
+    half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    assert!(read_until_closed(&mut half).await.is_some(), "half a header");
+    let mut kept = TcpStream::connect(&addr).await.unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = read_until_closed(&mut kept).await.expect("idle, then closed");
+    assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
+
+    let mut trickle = TcpStream::connect(&addr).await.unwrap();
+    trickle
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
+        )
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut trickle).await.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"request_timeout\""), "{answer}");
+
+    // Both slots held by clients that send nothing: a request gets through once the header
+    // timeout has closed one of them, not before.
+    let _idle: Vec<TcpStream> = vec![
+        TcpStream::connect(&addr).await.unwrap(),
+        TcpStream::connect(&addr).await.unwrap(),
+    ];
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (status, _) = server
+        .post("/v1/chat/completions", &chat_body("hello", 2))
+        .await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "served while both slots were held"
+    );
+}
