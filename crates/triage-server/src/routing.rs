@@ -237,4 +237,10 @@ impl RoutingService {
             workers: roles,
         })
     }
+
+    /// Bound the corpora clients may create over `/v1/corpora` and how large they may grow.
+    pub fn with_corpus_limits(mut self, limits: triage_host::config::CorpusLimits) -> Self {
+        self.host = self.host.with_corpus_limits(limits);
+        self
+    }
 }

@@ -39,15 +39,15 @@ pub fn routing_service(
             return Ok(None);
         }
     };
-    let mut service = RoutingService::new(
+    let service = RoutingService::new(
         &section.alias,
         config.routing.clone(),
         workers,
         embedder,
         &triage_models::paths::triage_home(),
         section.prefix_dir(),
-    )?;
-    service.host = service.host.with_corpus_limits(section.limits);
+    )?
+    .with_corpus_limits(section.limits);
     service.host.load_corpora(&section.corpora)?;
     tracing::info!(alias = %section.alias, "routing pipeline ready");
     Ok(Some(Arc::new(service)))

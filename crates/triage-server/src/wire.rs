@@ -180,7 +180,15 @@ impl ChatMessageIn {
     /// The message's text (content parts joined); other part types are a 400 naming message `i`.
     pub fn text(&self, i: usize) -> Result<String, ApiError> {
         Ok(match &self.content {
-            None => String::new(),
+            // Only an assistant turn may come without content (OpenAI's rule: it carried tool
+            // calls instead).
+            None if self.role == "assistant" => String::new(),
+            None => {
+                return Err(ApiError::invalid_param(
+                    &format!("messages[{i}].content"),
+                    format!("a {} message needs content", self.role),
+                ))
+            }
             Some(MessageContent::Text(t)) => t.clone(),
             Some(MessageContent::Parts(parts)) => {
                 let mut text = String::new();

@@ -418,70 +418,96 @@ async fn a_stopped_engine_turns_health_and_its_requests_to_503() {
     assert_eq!(error["error"]["type"], "server_error", "{error}");
 }
 
-/// Malformed or hostile requests and the status each must get.
-fn bad_requests() -> Vec<(&'static str, &'static str, String, u16)> {
+/// A malformed or hostile request and the status it must get.
+struct Case {
+    method: &'static str,
+    path: String,
+    body: Vec<u8>,
+    headers: Vec<(&'static str, &'static str)>,
+    status: u16,
+}
+
+fn case(method: &'static str, path: &str, body: impl Into<Vec<u8>>, status: u16) -> Case {
+    Case {
+        method,
+        path: path.to_string(),
+        body: body.into(),
+        headers: vec![("content-type", "application/json")],
+        status,
+    }
+}
+
+/// Plain-model cases: bodies, parameters, paths and methods.
+fn bad_requests() -> Vec<Case> {
     let chat = "/v1/chat/completions";
     let cmpl = "/v1/completions";
     let ok_msgs = r#"[{"role":"user","content":"hi"}]"#;
     let with = |extra: &str| format!(r#"{{"model":"tiny","messages":{ok_msgs},{extra}}}"#);
+    let nested = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let long_stops = format!(r#""stop":["{0}","{0}","{0}","{0}"]"#, "s".repeat(2048));
     vec![
-        ("POST", chat, "".into(), 400),
-        ("POST", chat, "{".into(), 400),
-        ("POST", chat, "[]".into(), 400),
-        ("POST", chat, "null".into(), 400),
-        ("POST", chat, r#"{"messages":[]}"#.into(), 400),
-        (
+        case("POST", chat, "", 400),
+        case("POST", chat, "{", 400),
+        case("POST", chat, "[]", 400),
+        case("POST", chat, "null", 400),
+        case("POST", chat, nested, 400),
+        case("POST", chat, b"{\"model\":\"tiny\xff\xfe\"}".to_vec(), 400),
+        case("POST", chat, r#"{"messages":[]}"#, 400),
+        case(
             "POST",
             chat,
             format!(r#"{{"model":"gpt-9","messages":{ok_msgs}}}"#),
             404,
         ),
-        ("POST", chat, r#"{"model":"tiny"}"#.into(), 400),
-        (
+        case("POST", chat, r#"{"model":"tiny"}"#, 400),
+        case("POST", chat, r#"{"model":"tiny","messages":"hi"}"#, 400),
+        case("POST", chat, r#"{"model":"tiny","messages":[]}"#, 400),
+        case(
             "POST",
             chat,
-            r#"{"model":"tiny","messages":"hi"}"#.into(),
+            r#"{"model":"tiny","messages":[{"role":"user"}]}"#,
             400,
         ),
-        (
+        case(
             "POST",
             chat,
-            r#"{"model":"tiny","messages":[]}"#.into(),
+            r#"{"model":"tiny","messages":[{"role":"alien","content":"x"}]}"#,
             400,
         ),
-        (
+        case(
             "POST",
             chat,
-            r#"{"model":"tiny","messages":[{"role":"alien","content":"x"}]}"#.into(),
+            r#"{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
             400,
         ),
-        (
-            "POST",
-            chat,
-            r#"{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#
-                .into(),
-            400,
-        ),
-        ("POST", chat, with(r#""temperature":-1"#), 400),
-        ("POST", chat, with(r#""temperature":"hot""#), 400),
-        ("POST", chat, with(r#""top_p":0"#), 400),
-        ("POST", chat, with(r#""top_p":1.5"#), 400),
-        ("POST", chat, with(r#""presence_penalty":3"#), 400),
-        ("POST", chat, with(r#""frequency_penalty":-2.5"#), 400),
-        ("POST", chat, with(r#""max_tokens":-5"#), 400),
-        ("POST", chat, with(r#""max_tokens":0"#), 400),
-        ("POST", chat, with(r#""max_tokens":100000"#), 400),
-        ("POST", chat, with(r#""n":3"#), 400),
-        (
+        case("POST", chat, with(r#""temperature":-1"#), 400),
+        case("POST", chat, with(r#""temperature":1e9"#), 400),
+        case("POST", chat, with(r#""temperature":"hot""#), 400),
+        case("POST", chat, with(r#""top_p":0"#), 400),
+        case("POST", chat, with(r#""top_p":1.5"#), 400),
+        case("POST", chat, with(r#""min_p":1.5"#), 400),
+        case("POST", chat, with(r#""presence_penalty":3"#), 400),
+        case("POST", chat, with(r#""frequency_penalty":-2.5"#), 400),
+        case("POST", chat, with(r#""repetition_penalty":1e-45"#), 400),
+        case("POST", chat, with(r#""repetition_penalty":0"#), 400),
+        case("POST", chat, with(r#""max_tokens":-5"#), 400),
+        case("POST", chat, with(r#""max_tokens":0"#), 400),
+        case("POST", chat, with(r#""max_tokens":1.5"#), 400),
+        case("POST", chat, with(r#""max_tokens":1e30"#), 400),
+        case("POST", chat, with(r#""max_tokens":100000"#), 400),
+        case("POST", chat, with(r#""n":3"#), 400),
+        case("POST", chat, with(r#""stream":"yes""#), 400),
+        case(
             "POST",
             chat,
             with(r#""logprobs":true,"top_logprobs":50"#),
             400,
         ),
-        ("POST", chat, with(r#""stop":["a","b","c","d","e"]"#), 400),
-        ("POST", chat, with(r#""stop":[""]"#), 400),
-        ("POST", chat, with(r#""seed":"abc""#), 400),
-        (
+        case("POST", chat, with(r#""stop":["a","b","c","d","e"]"#), 400),
+        case("POST", chat, with(&long_stops), 400),
+        case("POST", chat, with(r#""stop":[""]"#), 400),
+        case("POST", chat, with(r#""seed":"abc""#), 400),
+        case(
             "POST",
             chat,
             format!(
@@ -490,69 +516,249 @@ fn bad_requests() -> Vec<(&'static str, &'static str, String, u16)> {
             ),
             400,
         ),
-        ("POST", cmpl, r#"{"model":"tiny"}"#.into(), 400),
-        (
+        case("POST", cmpl, r#"{"model":"tiny"}"#, 400),
+        case("POST", cmpl, r#"{"model":"tiny","prompt":["a","b"]}"#, 400),
+        case("POST", cmpl, r#"{"model":"tiny","prompt":""}"#, 400),
+        case("POST", cmpl, r#"{"model":"tiny","prompt":[999999]}"#, 400),
+        case(
             "POST",
             cmpl,
-            r#"{"model":"tiny","prompt":["a","b"]}"#.into(),
+            r#"{"model":"tiny","prompt":"x","echo":true}"#,
             400,
         ),
-        ("POST", cmpl, r#"{"model":"tiny","prompt":""}"#.into(), 400),
-        (
+        case(
             "POST",
             cmpl,
-            r#"{"model":"tiny","prompt":[999999]}"#.into(),
+            r#"{"model":"tiny","prompt":"x","logprobs":21}"#,
             400,
         ),
-        (
-            "POST",
-            cmpl,
-            r#"{"model":"tiny","prompt":"x","echo":true}"#.into(),
-            400,
-        ),
-        (
-            "POST",
-            cmpl,
-            r#"{"model":"tiny","prompt":"x","logprobs":21}"#.into(),
-            400,
-        ),
-        (
+        case(
             "POST",
             cmpl,
             format!(r#"{{"model":"tiny","prompt":"{}"}}"#, "x".repeat(70_000)),
             413,
         ),
-        ("GET", chat, "".into(), 405),
-        ("DELETE", "/v1/models", "".into(), 405),
-        ("GET", "/v1/nothing", "".into(), 404),
-        ("GET", "/../../etc/passwd", "".into(), 404),
+        case("GET", chat, "", 405),
+        case("PUT", chat, with(""), 405),
+        case("DELETE", "/v1/models", "", 405),
+        case("GET", "/v1/nothing", "", 404),
+        case("GET", "/../../etc/passwd", "", 404),
+        Case {
+            headers: vec![("content-type", "text/plain")],
+            ..case("POST", chat, with(r#""max_tokens":2"#), 415)
+        },
+        Case {
+            headers: vec![],
+            ..case("POST", chat, with(r#""max_tokens":2"#), 415)
+        },
+        Case {
+            headers: vec![
+                ("content-type", "application/json"),
+                ("host", "evil.example"),
+            ],
+            ..case("POST", chat, with(r#""max_tokens":2"#), 421)
+        },
     ]
 }
 
+/// Pipeline and corpus cases, against a server holding corpora `docs` and `c2` (its limit of
+/// two), at most 3 documents per request and 2,000 bytes per corpus.
+fn bad_pipeline_and_corpus_requests() -> Vec<Case> {
+    let chat = "/v1/chat/completions";
+    let ask = |extra: &str, triage: &str| {
+        format!(
+            r#"{{"model":"triage","messages":[{{"role":"user","content":"where did the dog run"}}],{extra}"triage":{triage}}}"#
+        )
+    };
+    let docs = |n: usize, text_len: usize| {
+        let list: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"id":"n{i}","text":"{}"}}"#, "t".repeat(text_len)))
+            .collect();
+        format!("[{}]", list.join(","))
+    };
+    let corpus = r#"{"corpus":"docs"}"#;
+    vec![
+        case(
+            "POST",
+            chat,
+            r#"{"model":"triage","messages":[{"role":"user","content":"q"}]}"#,
+            400,
+        ),
+        case("POST", chat, ask("", r#"{"corpus":"nope"}"#), 404),
+        case(
+            "POST",
+            chat,
+            ask("", r#"{"corpus":"docs","route":"sideways"}"#),
+            400,
+        ),
+        case("POST", chat, ask("", r#"{"corpus":"docs","tau":-1}"#), 400),
+        case(
+            "POST",
+            chat,
+            ask("", r#"{"corpus":"docs","color":"red"}"#),
+            400,
+        ),
+        case("POST", chat, ask("", r#""docs""#), 400),
+        case("POST", chat, ask(r#""n":2,"#, corpus), 400),
+        case("POST", chat, ask(r#""logprobs":true,"#, corpus), 400),
+        case("POST", chat, ask(r#""stop":["x"],"#, corpus), 400),
+        case("POST", chat, ask(r#""temperature":0.7,"#, corpus), 400),
+        case("POST", chat, ask(r#""ignore_eos":true,"#, corpus), 400),
+        case("POST", chat, ask(r#""max_tokens":100000,"#, corpus), 400),
+        case(
+            "POST",
+            chat,
+            r#"{"model":"triage","messages":[{"role":"user","content":"  "}],"triage":{"corpus":"docs"}}"#,
+            400,
+        ),
+        case("POST", "/v1/route", r#"{"corpus":"docs"}"#, 400),
+        case(
+            "POST",
+            "/v1/route",
+            r#"{"corpus":"nope","question":"q"}"#,
+            404,
+        ),
+        case(
+            "POST",
+            "/v1/corpora",
+            r#"{"name":"docs","documents":[]}"#,
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora",
+            r#"{"name":"c3","documents":[]}"#,
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora",
+            r#"{"name":"../etc","documents":[]}"#,
+            400,
+        ),
+        case("POST", "/v1/corpora", r#"{"name":"","documents":[]}"#, 400),
+        case("POST", "/v1/corpora", r#"{"documents":[]}"#, 400),
+        case(
+            "POST",
+            "/v1/corpora/docs/documents",
+            format!(r#"{{"documents":{}}}"#, docs(4, 5)),
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora/docs/documents",
+            format!(r#"{{"documents":{}}}"#, docs(1, 3000)),
+            413,
+        ),
+        case(
+            "POST",
+            "/v1/corpora/docs/documents",
+            r#"{"documents":[{"id":"","text":"x"}]}"#,
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora/docs/documents",
+            r#"{"documents":[{"id":"a","text":"x"},{"id":"a","text":"y"}]}"#,
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora/docs/documents",
+            r#"{"documents":[{"id":"a"}]}"#,
+            400,
+        ),
+        case(
+            "POST",
+            "/v1/corpora/nope/documents",
+            format!(r#"{{"documents":{}}}"#, docs(1, 5)),
+            404,
+        ),
+        case(
+            "DELETE",
+            "/v1/corpora/docs/documents",
+            r#"{"ids":["missing"]}"#,
+            400,
+        ),
+        case(
+            "DELETE",
+            "/v1/corpora/docs/documents",
+            r#"{"ids":["1","2","3","4"]}"#,
+            400,
+        ),
+        case("DELETE", "/v1/corpora/nope", "", 404),
+        case("GET", "/v1/corpora/%FF/documents", "", 400),
+        case("GET", "/v1/corpora/nope/documents", "", 404),
+    ]
+}
+
+/// Send `c`; the status and the body.
+async fn send_case(client: &reqwest::Client, url: &str, c: &Case) -> (u16, String) {
+    let mut request = client
+        .request(c.method.parse().unwrap(), format!("{url}{}", c.path))
+        .body(c.body.clone());
+    for (name, value) in &c.headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// Every hostile request gets its 4xx with an OpenAI error body, and after each one the server
+/// is healthy and answers a normal request, on the plain models and on the pipeline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_get_client_errors_and_the_server_stays_up() {
-    let server = TestServer::start(|c| c.server.max_body_bytes = 64 * 1024).await;
-    let client = reqwest::Client::new();
-    let cases = bad_requests();
-    assert!(cases.len() >= 25);
-    for (method, path, body, expected) in cases {
-        let request = client
-            .request(method.parse().unwrap(), format!("{}{path}", server.url))
-            .header("content-type", "application/json")
-            .body(body.clone());
-        let response = request.send().await.unwrap();
-        let status = response.status().as_u16();
-        let text = response.text().await.unwrap();
-        let short: String = body.chars().take(80).collect();
-        assert_eq!(status, expected, "{method} {path} {short}: {text}");
-        let error: Value = serde_json::from_str(&text).unwrap_or_else(|_| {
-            panic!("{method} {path} {short}: not an OpenAI error body: {text}")
-        });
-        assert!(error["error"]["message"].is_string(), "{text}");
-        assert!(error["error"]["type"].is_string(), "{text}");
+    let server = TestServer::start_routed(|c| {
+        c.server.max_body_bytes = 64 * 1024;
+        c.pipeline.limits.max_corpora = 2;
+        c.pipeline.limits.max_documents_per_request = 3;
+        c.pipeline.limits.max_corpus_bytes = 2000;
+    })
+    .await;
+    for name in ["docs", "c2"] {
+        let body = json!({"name": name, "documents": [
+            {"id": "1", "text": "the cat sat on the mat"},
+            {"id": "2", "text": "the dog ran to the park"},
+        ]});
+        let (status, _, created) = server
+            .send(reqwest::Method::POST, "/v1/corpora", &body)
+            .await;
+        assert_eq!(status, 201, "{created}");
     }
-    assert_eq!(server.get("/health").await.0, 200);
-    server.wait_idle().await;
+    let client = reqwest::Client::new();
+    let mut cases = bad_requests();
+    cases.extend(bad_pipeline_and_corpus_requests());
+    assert!(cases.len() >= 60, "{} cases", cases.len());
+    let normal = ask("where did the dog run", json!({"corpus": "docs"}));
+    for c in &cases {
+        let (status, text) = send_case(&client, &server.url, c).await;
+        let short: String = String::from_utf8_lossy(&c.body).chars().take(100).collect();
+        let what = format!("{} {} {short}", c.method, c.path);
+        assert_eq!(status, c.status, "{what}: {text}");
+        let error: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("{what}: not an OpenAI error body: {text}"));
+        assert!(error["error"]["message"].is_string(), "{what}: {text}");
+        assert!(error["error"]["type"].is_string(), "{what}: {text}");
+        assert!(!text.contains("/tmp/"), "{what}: a server path: {text}");
+        assert_eq!(server.get("/health").await.0, 200, "{what}");
+        let (status, answer) = server
+            .post("/v1/chat/completions", &chat_body("hello", 2))
+            .await;
+        assert_eq!(status, 200, "after {what}: {answer}");
+    }
+    let (status, answer) = server.post("/v1/chat/completions", &normal).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, docs) = server.get("/v1/corpora/docs/documents").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&docs).unwrap()["data"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "no refused change reached the corpus: {docs}"
+    );
+    server.wait_no_requests().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1208,12 +1414,17 @@ async fn slow_and_idle_clients_are_cut_off() {
     half.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         .await
         .unwrap();
-    assert!(read_until_closed(&mut half).await.is_some(), "half a header");
+    assert!(
+        read_until_closed(&mut half).await.is_some(),
+        "half a header"
+    );
     let mut kept = TcpStream::connect(&addr).await.unwrap();
     kept.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
-    let answered = read_until_closed(&mut kept).await.expect("idle, then closed");
+    let answered = read_until_closed(&mut kept)
+        .await
+        .expect("idle, then closed");
     assert!(answered.starts_with("HTTP/1.1 200"), "{answered}");
 
     let mut trickle = TcpStream::connect(&addr).await.unwrap();

@@ -92,7 +92,8 @@ impl TestServer {
                     &dir.path().join("data"),
                     dir.path().join("prefixes"),
                 )
-                .unwrap(),
+                .unwrap()
+                .with_corpus_limits(config.pipeline.limits),
             )
         });
         let state = AppState::with_routing(config, workers, routing);
