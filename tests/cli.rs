@@ -678,3 +678,147 @@ fn every_q8_kernel_gives_the_same_greedy_tokens_and_an_unknown_one_is_an_error()
     );
     assert_clean_failure(&out, "TRIAGE_Q8_KERNEL=avx9000: this CPU runs portable");
 }
+
+/// `triage ingest` killed (SIGKILL) at random points, 20 times, alternately adding 300 documents
+/// and deleting them again: every time the corpus opens and answers, with the documents of
+/// before the kill or of after a completed run, never a mix. Then an ingest that holds the
+/// corpus makes the engine's own change wait its turn (busy), and the engine's change works
+/// once the ingest is done.
+#[test]
+fn ingests_killed_at_random_points_leave_the_old_or_the_new_corpus() {
+    use triage::{AskRequest, Engine, Route};
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let config = triage_host::fixtures::tiny_config(dir.path()).unwrap();
+    let embedder = config.pipeline.embedder.clone();
+    let write_jsonl = |name: &str, ids: std::ops::Range<usize>| {
+        let path = dir.path().join(name);
+        let lines: String = ids
+            .map(|i| {
+                format!(
+                    "{{\"id\": \"n{i}\", \"text\": \"note {i} on lava, tides and the moon\"}}\n"
+                )
+            })
+            .collect();
+        std::fs::write(&path, lines).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let seed = write_jsonl("seed.jsonl", 0..2);
+    let more = write_jsonl("more.jsonl", 2..302);
+    let deletes: Vec<String> = (2..302).map(|i| format!("n{i}")).collect();
+    let ingest_args = |adding: bool| {
+        let mut args = vec!["ingest", "--corpus", "demo", "--embedder", &embedder];
+        if adding {
+            args.push(&more);
+        } else {
+            for id in &deletes {
+                args.extend(["--delete", id.as_str()]);
+            }
+        }
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let out = triage_home(
+        &home,
+        &["ingest", "--corpus", "demo", "--embedder", &embedder, &seed],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // How long a whole run takes, to spread the kills over it.
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args(ingest_args(true))
+        .env("TRIAGE_HOME", &home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let full_run_ms = started.elapsed().as_millis() as u64;
+    let engine = Engine::new(config.clone()).unwrap().with_store(&home);
+    let mut num_docs = 302;
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let (mut killed, mut finished) = (0, 0);
+    for round in 0..20 {
+        let adding = num_docs == 2;
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let wait_ms = (state >> 33) % (full_run_ms + full_run_ms / 5);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+            .args(ingest_args(adding))
+            .env("TRIAGE_HOME", &home)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        let _ = child.kill(); // SIGKILL; an error means it had exited already
+        if child.wait().unwrap().success() {
+            finished += 1;
+        } else {
+            killed += 1;
+        }
+        let loaded = engine.load_corpus("demo").unwrap_or_else(|e| {
+            panic!("round {round} (killed after {wait_ms} ms): the corpus does not open: {e}")
+        });
+        let before = num_docs;
+        let after = if adding { 302 } else { 2 };
+        assert!(
+            loaded.num_documents == before || loaded.num_documents == after,
+            "round {round}: {} documents, expected {before} or {after}",
+            loaded.num_documents
+        );
+        num_docs = loaded.num_documents;
+        let answer = engine
+            .ask(&AskRequest {
+                corpus: "demo".into(),
+                question: "what pulls the tides".into(),
+                route: Route::Rag,
+                ..AskRequest::default()
+            })
+            .unwrap_or_else(|e| panic!("round {round}: the corpus does not answer: {e}"));
+        assert!(!answer.decision.stages.is_empty());
+    }
+    assert!(
+        killed >= 5,
+        "{killed} of 20 runs were killed mid-way ({finished} finished)"
+    );
+
+    // A running ingest holds the corpus: the engine's change is refused as busy meanwhile.
+    let big = write_jsonl("big.jsonl", 1000..21_000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
+        .args(["ingest", "--corpus", "demo", "--embedder", &embedder, &big])
+        .env("TRIAGE_HOME", &home)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // It holds the corpus once it has claimed the next generation's folder.
+    let live = std::fs::read_to_string(home.join("corpora/demo/CURRENT")).unwrap();
+    let number: u64 = live.trim().trim_start_matches("gen-").parse().unwrap();
+    let next = home.join(format!("corpora/demo/gen-{:06}", number + 1));
+    let start = std::time::Instant::now();
+    while !next.exists() {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the ingest never started writing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let doc = triage_retrieval::Document {
+        id: "late".into(),
+        title: "late".into(),
+        text: "a document added by the engine".into(),
+    };
+    let busy = engine
+        .add_documents("demo", std::slice::from_ref(&doc))
+        .unwrap_err();
+    assert_eq!(busy.kind(), triage::ErrorKind::Overloaded, "{busy}");
+    assert!(child.wait().unwrap().success());
+    let change = engine.add_documents("demo", &[doc]).unwrap();
+    assert_eq!(change.corpus.num_documents, num_docs + 20_000 + 1);
+}
