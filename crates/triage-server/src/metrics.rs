@@ -39,6 +39,7 @@ pub struct Metrics {
     waiting: Family<ModelLabels, Gauge>,
     kv_blocks_used: Family<ModelLabels, Gauge>,
     kv_blocks_total: Family<ModelLabels, Gauge>,
+    kv_blocks_pinned: Family<ModelLabels, Gauge>,
     abandoned: Family<ModelLabels, Gauge>,
 }
 
@@ -74,6 +75,7 @@ impl Default for Metrics {
             waiting: Family::default(),
             kv_blocks_used: Family::default(),
             kv_blocks_total: Family::default(),
+            kv_blocks_pinned: Family::default(),
             abandoned: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -133,6 +135,11 @@ impl Default for Metrics {
                 m.kv_blocks_total.clone(),
             );
             r.register(
+                "kv_blocks_pinned",
+                "KV blocks held by pinned corpus prefixes (in use while no request runs)",
+                m.kv_blocks_pinned.clone(),
+            );
+            r.register(
                 "requests_abandoned",
                 "Requests cancelled because their client disconnected (since start)",
                 m.abandoned.clone(),
@@ -162,6 +169,9 @@ impl Metrics {
             self.kv_blocks_total
                 .get_or_create(&labels)
                 .set(get(&w.stats.blocks_total));
+            self.kv_blocks_pinned
+                .get_or_create(&labels)
+                .set(get(&w.stats.blocks_pinned));
             self.abandoned
                 .get_or_create(&labels)
                 .set(get(&w.stats.abandoned));

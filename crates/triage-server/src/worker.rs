@@ -63,6 +63,7 @@ pub struct EngineStats {
     pub waiting: AtomicUsize,
     pub blocks_used: AtomicUsize,
     pub blocks_total: AtomicUsize,
+    pub blocks_pinned: AtomicUsize,
     /// Requests cancelled because their client went away.
     pub abandoned: AtomicUsize,
 }
@@ -245,6 +246,9 @@ fn publish(engine: &LlmEngine, stats: &EngineStats) {
     stats
         .blocks_total
         .store(pool.num_total(), Ordering::Relaxed);
+    stats
+        .blocks_pinned
+        .store(pool.num_pinned(), Ordering::Relaxed);
     stats
         .abandoned
         .store(engine.num_abandoned(), Ordering::Relaxed);

@@ -66,6 +66,7 @@ async fn every_endpoint_answers_in_openai_shapes() {
         "triage_requests_waiting{model=\"tiny\"} 0",
         "triage_kv_blocks_used{model=\"tiny\"} 0",
         "triage_kv_blocks_total{model=\"tiny\"} 2047",
+        "triage_kv_blocks_pinned{model=\"tiny\"} 0",
         "triage_prefix_cache_queries_total{model=\"tiny\"}",
         "triage_prefix_cache_hits_total{model=\"tiny\"}",
         "triage_prompt_tokens_total{model=\"tiny\"}",
