@@ -207,6 +207,11 @@ fn the_readme_example_parses() {
     let config = TriageConfig::from_toml_str(&readme[start..end]).unwrap();
     assert!(config.deprecated.is_empty(), "{:?}", config.deprecated);
     assert_eq!(config.server.api_key.as_deref(), Some("sk-local"));
+    let server = &config.server;
+    assert_eq!(
+        (server.header_timeout_s, server.body_timeout_s, server.max_connections),
+        (30, 60, 1024)
+    );
     assert_eq!(config.models.len(), 2);
     assert_eq!(config.models[0].device, DeviceSpec::Cpu);
     let engine = config.models[0].engine_config().unwrap();
@@ -220,6 +225,14 @@ fn the_readme_example_parses() {
     assert_eq!(gpu.models[0].device, DeviceSpec::Cuda(2));
     let bad = TriageConfig::from_toml_str("[[models]]\nname = \"m\"\nkv_dtype = \"int4\"\n");
     assert!(bad.unwrap_err().to_string().contains("int4"));
+    // The pipeline's block, limits included, is the defaults written out.
+    let pipeline = readme
+        .split("```toml\n")
+        .map(|b| &b[..b.find("```").unwrap_or(b.len())])
+        .find(|b| b.contains("[pipeline.limits]"))
+        .expect("the pipeline block");
+    let config = TriageConfig::from_toml_str(pipeline).unwrap();
+    assert_eq!(config.pipeline.limits, crate::config::CorpusLimits::default());
 }
 
 #[test]
