@@ -158,7 +158,7 @@ fn qwen_05b_batched_cached_and_restored_runs_match_generate_alone() {
     let store = tempfile::tempdir().unwrap();
     let mut first = LlmEngine::new(model.clone(), config(true)).unwrap();
     let (handle, source) = first.pin_persisted_prefix(&corpus, store.path()).unwrap();
-    assert_eq!(source, PrefixSource::Computed);
+    assert!(matches!(source, PrefixSource::Computed { .. }));
     let before_restart = run(&mut first, &requests);
     drop(first);
     let mut restarted = LlmEngine::new(model.clone(), config(true)).unwrap();

@@ -213,6 +213,31 @@ fn corpora_unload_and_a_foreign_embedder_is_a_conflict() {
     assert_eq!(taken.kind(), triage::ErrorKind::Caller, "{taken}");
 }
 
+/// Adding a document to a pinned corpus prefills only the new document's part of the prefix:
+/// the rest is found in the cache (documents keep their place, new ones come last).
+#[test]
+fn a_document_added_at_the_end_reuses_the_pinned_prefix_before_it() {
+    let setup = tiny();
+    let engine = setup.engine();
+    let before = engine.load_corpus("tiny").unwrap();
+    let prefix = before.prefix_tokens.unwrap();
+    let doc = triage_retrieval::Document {
+        id: "d9".into(),
+        title: "doc 9".into(),
+        text: "the fox jumped over the fence while the owl slept".into(),
+    };
+    let change = engine.add_documents("tiny", &[doc]).unwrap();
+    assert_eq!(change.added, 1);
+    let after = change.corpus;
+    assert!(after.prefix_tokens.unwrap() > prefix, "{after:?}");
+    assert_eq!(after.pinned_from, Some("computed"));
+    assert_eq!(after.reused_tokens, Some(prefix / 16 * 16), "{after:?}");
+    let answer = engine
+        .ask(&question("tiny", "what did the owl do", Route::Lc))
+        .unwrap();
+    assert_eq!(answer.decision.path, RoutePath::Lc);
+}
+
 fn docs(word: &str, n: usize) -> Vec<triage_retrieval::Document> {
     (0..n)
         .map(|i| triage_retrieval::Document {

@@ -188,7 +188,7 @@ fn a_prefix_persisted_from_the_gpu_loads_back_into_a_fresh_engine() {
     let (_d, model) = tiny(&f32_on_gpu());
     let mut first = LlmEngine::new(model.clone(), config(Some(DType::F32))).unwrap();
     let (_, source) = first.pin_persisted_prefix(&prefix, dir.path()).unwrap();
-    assert_eq!(source, PrefixSource::Computed);
+    assert!(matches!(source, PrefixSource::Computed { .. }));
     let mut second = LlmEngine::new(model, config(Some(DType::F32))).unwrap();
     let (_, source) = second.pin_persisted_prefix(&prefix, dir.path()).unwrap();
     assert_eq!(source, PrefixSource::Disk);

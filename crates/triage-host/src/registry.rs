@@ -97,6 +97,10 @@ pub struct CorpusSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_tokens: Option<usize>,
     pub pinned_from: Option<&'static str>,
+    /// Of a prefix prefilled by this load, the tokens found cached (a corpus grown at its end
+    /// prefills only the rest); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_tokens: Option<usize>,
     /// Why the long-context path is unavailable for it.
     pub long_context_unavailable: Option<String>,
     /// Corpora whose prefix this load released to make room (pinned again when next asked).
@@ -132,7 +136,7 @@ pub fn pinned_name(source: PrefixSource) -> &'static str {
     match source {
         PrefixSource::Cache => "cache",
         PrefixSource::Disk => "disk",
-        PrefixSource::Computed => "computed",
+        PrefixSource::Computed { .. } => "computed",
     }
 }
 
@@ -145,6 +149,10 @@ fn summary(name: &str, loaded: &LoadedCorpus, pinned: Option<PinnedPrefix>) -> C
         prefix_pinned: loaded.pin_state() == PinState::Pinned,
         pinned_tokens: pinned.map(|p| p.num_tokens),
         pinned_from: pinned.map(|p| pinned_name(p.source)),
+        reused_tokens: pinned.and_then(|p| match p.source {
+            PrefixSource::Computed { reused_tokens } => Some(reused_tokens),
+            _ => None,
+        }),
         long_context_unavailable: loaded.usable_long_context().err(),
         unpinned_corpora: Vec::new(),
     }
@@ -160,6 +168,7 @@ fn not_loaded(name: &str) -> CorpusSummary {
         prefix_pinned: false,
         pinned_tokens: None,
         pinned_from: None,
+        reused_tokens: None,
         long_context_unavailable: Some("the corpus is not loaded".into()),
         unpinned_corpora: Vec::new(),
     }
@@ -622,7 +631,7 @@ impl CorpusRegistry {
             delete,
             &self.embedder,
             &tokenizer,
-            ChunkerConfig::default(),
+            old.map_or_else(ChunkerConfig::default, |o| o.corpus.chunker()),
         )?;
         let reloaded = self
             .open(name)

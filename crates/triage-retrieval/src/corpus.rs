@@ -558,6 +558,11 @@ impl Corpus {
         &self.vectors
     }
 
+    /// How its documents were chunked (a change must chunk new ones the same way).
+    pub fn chunker(&self) -> ChunkerConfig {
+        self.manifest.chunker
+    }
+
     /// The embedder this corpus was built with (queries must use the same).
     pub fn embedder_id(&self) -> &str {
         &self.manifest.embedder

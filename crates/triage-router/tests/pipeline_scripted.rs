@@ -163,7 +163,7 @@ impl Generator for Scripted {
     ) -> triage_router::Result<PinnedPrefix> {
         Ok(PinnedPrefix {
             num_tokens: tokens.len(),
-            source: PrefixSource::Computed,
+            source: PrefixSource::Computed { reused_tokens: 0 },
         })
     }
 

@@ -20,8 +20,9 @@ pub enum PrefixSource {
     Cache,
     /// Read from a persisted file.
     Disk,
-    /// Prefilled now.
-    Computed,
+    /// Prefilled now; the first `reused_tokens` of it were found in the cache (a corpus grown
+    /// at its end prefills only the new part).
+    Computed { reused_tokens: usize },
 }
 
 impl LlmEngine {
@@ -114,14 +115,14 @@ impl LlmEngine {
         &mut self,
         pending: PendingPin,
     ) -> Result<(PrefixHandle, PrefixSource, Option<EngineError>)> {
-        let refused = pending.events.try_iter().find_map(|event| match event {
-            StreamEvent::Finished {
-                reason: FinishReason::Error(message),
-                ..
-            } => Some(message),
+        let finished = pending.events.try_iter().find_map(|event| match event {
+            StreamEvent::Finished { reason, usage } => Some((reason, usage)),
             _ => None,
         });
-        if let Some(message) = refused {
+        let reused_tokens = finished
+            .as_ref()
+            .map_or(0, |(_, usage)| usage.cached_tokens);
+        if let Some((FinishReason::Error(message), _)) = finished {
             return Err(EngineError::Invalid(format!(
                 "prefilling the {}-token prefix failed: {message}",
                 pending.full.len()
@@ -141,7 +142,7 @@ impl LlmEngine {
             Some(dir) => self.save_prefix(&pending.full, &handle, dir).err(),
             None => None,
         };
-        Ok((handle, PrefixSource::Computed, saved))
+        Ok((handle, PrefixSource::Computed { reused_tokens }, saved))
     }
 
     /// [`LlmEngine::start_pin`] and [`LlmEngine::finish_pin`] with the engine stepped in between

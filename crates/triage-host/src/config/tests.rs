@@ -209,7 +209,11 @@ fn the_readme_example_parses() {
     assert_eq!(config.server.api_key.as_deref(), Some("sk-local"));
     let server = &config.server;
     assert_eq!(
-        (server.header_timeout_s, server.body_timeout_s, server.max_connections),
+        (
+            server.header_timeout_s,
+            server.body_timeout_s,
+            server.max_connections
+        ),
         (30, 60, 1024)
     );
     assert_eq!(config.models.len(), 2);
@@ -232,7 +236,10 @@ fn the_readme_example_parses() {
         .find(|b| b.contains("[pipeline.limits]"))
         .expect("the pipeline block");
     let config = TriageConfig::from_toml_str(pipeline).unwrap();
-    assert_eq!(config.pipeline.limits, crate::config::CorpusLimits::default());
+    assert_eq!(
+        config.pipeline.limits,
+        crate::config::CorpusLimits::default()
+    );
 }
 
 #[test]
