@@ -187,10 +187,11 @@ def do_hostile(port, model, corpus, stats):
     stats.record("hostile", status, expected=lambda s: 400 <= s < 500 and s != 429)
 
 
-def client(port, model, corpus, deadline, stats, seed):
+def client(port, model, corpus, deadline, stats, seed, only=None):
     random.seed(seed)
+    start = {"chat": 0.0, "stream": 0.35, "routed": 0.60, "hostile": 0.80}
     while time.monotonic() < deadline:
-        roll = random.random()
+        roll = start[only] + 0.01 if only else random.random()
         try:
             if roll < 0.35:
                 do_chat(port, model, stats)
@@ -233,6 +234,8 @@ def main():
     ap.add_argument("--warmup", type=float, default=60,
                     help="seconds after which the first memory sample is taken")
     ap.add_argument("--kv-budget", default="1GiB")
+    ap.add_argument("--only", choices=["chat", "stream", "routed", "hostile"],
+                    help="send one kind of request only (to find what memory growth follows)")
     args = ap.parse_args()
 
     port = free_port()
@@ -265,7 +268,7 @@ def main():
         stats = Stats()
         deadline = time.monotonic() + args.duration
         threads = [threading.Thread(target=client,
-                                    args=(port, args.model, corpus, deadline, stats, i))
+                                    args=(port, args.model, corpus, deadline, stats, i, args.only))
                    for i in range(args.clients)]
         for t in threads:
             t.start()
@@ -305,6 +308,7 @@ def main():
             "rss_mib_after_warmup": round(rss_start / 1024, 1),
             "rss_mib_end": round(rss_end / 1024, 1),
             "rss_change": round((rss_end - rss_start) / max(rss_start, 1), 4),
+            "rss_mib_every_30_s": [round(kib / 1024) for t, kib in samples[::6]],
         }
         print(json.dumps(result, indent=2))
         print(f"| {args.clients} | {args.duration:.0f} s | {n_requests} | "

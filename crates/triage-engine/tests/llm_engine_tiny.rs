@@ -195,6 +195,28 @@ fn oversized_requests_are_refused_up_front() {
     assert!(!engine.has_unfinished());
 }
 
+/// `ignore_eos` without `max_tokens` asks for the whole context: on a pool smaller than that it
+/// is refused when it arrives, so it can never sit at the head of the queue holding the others.
+#[test]
+fn an_unbounded_ignore_eos_request_is_refused_instead_of_blocking_the_queue() {
+    let (_dir, model) = tiny();
+    let context = model.context_length();
+    let mut engine = LlmEngine::new(model, config(64)).unwrap();
+    assert!(64 * 4 < context, "the pool is smaller than the context");
+    let mut unbounded = request(0);
+    unbounded.params.max_tokens = None;
+    let err = engine.add_request(&unbounded).unwrap_err();
+    assert!(err.to_string().contains("KV blocks"), "{err}");
+    let (_, rx) = engine.add_request(&request(1)).unwrap();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let finished = rx
+        .try_iter()
+        .any(|e| matches!(e, StreamEvent::Finished { reason, .. } if reason.is_normal()));
+    assert!(finished, "the request behind it ran");
+}
+
 fn config(num_blocks: usize) -> EngineConfig {
     EngineConfig {
         kv_budget: KvBudget::Blocks(num_blocks),

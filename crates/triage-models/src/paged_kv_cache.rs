@@ -41,9 +41,12 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(config.num_layers);
         let mut v = Vec::with_capacity(config.num_layers);
         // Made in `dtype` directly: an f32 tensor first would briefly take twice a bf16 budget.
+        // On the CPU the blocks are written now, even with zeros: `zeros` maps pages lazily, and
+        // the block pool cycles through every block, so resident memory would otherwise creep
+        // up by the whole budget under load (it looked like a leak in the soak benchmark).
         let filled = || -> Result<Tensor> {
             let zeros = Tensor::zeros(shape, dtype, device)?;
-            Ok(if fill == 0.0 {
+            Ok(if fill == 0.0 && !device.is_cpu() {
                 zeros
             } else {
                 zeros.affine(1.0, f64::from(fill))?
