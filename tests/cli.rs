@@ -464,6 +464,18 @@ fn triage_home(home: &std::path::Path, args: &[&str]) -> Output {
         .expect("run triage")
 }
 
+/// Wait until an ingest has claimed the generation folder `next` (it then holds the corpus).
+fn wait_for_writer(next: &std::path::Path) {
+    let start = std::time::Instant::now();
+    while !next.exists() {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the ingest never started writing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn ingest_then_retrieve_and_a_killed_ingest_leaves_the_previous_corpus() {
     let dir = tempfile::tempdir().unwrap();
@@ -555,15 +567,7 @@ fn ingest_then_retrieve_and_a_killed_ingest_leaves_the_previous_corpus() {
         .env("TRIAGE_HOME", &home)
         .spawn()
         .unwrap();
-    let next = home.join("corpora/demo/gen-000002");
-    let start = std::time::Instant::now();
-    while !next.exists() {
-        assert!(
-            start.elapsed().as_secs() < 60,
-            "the ingest never started writing"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_writer(&home.join("corpora/demo/gen-000002"));
     std::thread::sleep(std::time::Duration::from_millis(100));
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
@@ -789,7 +793,17 @@ fn ingests_killed_at_random_points_leave_the_old_or_the_new_corpus() {
         "{killed} of 20 runs were killed mid-way ({finished} finished)"
     );
 
-    // A running ingest holds the corpus: the engine's change is refused as busy meanwhile.
+    // A running ingest holds the corpus: the engine's change is refused as busy meanwhile. A
+    // killed run's folder may still be there (the next finished run removes it): clear them,
+    // so the next generation's folder appearing means this ingest holds the corpus.
+    let live = std::fs::read_to_string(home.join("corpora/demo/CURRENT")).unwrap();
+    for entry in std::fs::read_dir(home.join("corpora/demo")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("gen-") && name != live.trim() {
+            std::fs::remove_dir_all(&path).unwrap();
+        }
+    }
     let big = write_jsonl("big.jsonl", 1000..21_000);
     let mut child = Command::new(env!("CARGO_BIN_EXE_triage"))
         .args(["ingest", "--corpus", "demo", "--embedder", &embedder, &big])
@@ -798,17 +812,8 @@ fn ingests_killed_at_random_points_leave_the_old_or_the_new_corpus() {
         .spawn()
         .unwrap();
     // It holds the corpus once it has claimed the next generation's folder.
-    let live = std::fs::read_to_string(home.join("corpora/demo/CURRENT")).unwrap();
     let number: u64 = live.trim().trim_start_matches("gen-").parse().unwrap();
-    let next = home.join(format!("corpora/demo/gen-{:06}", number + 1));
-    let start = std::time::Instant::now();
-    while !next.exists() {
-        assert!(
-            start.elapsed().as_secs() < 60,
-            "the ingest never started writing"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for_writer(&home.join(format!("corpora/demo/gen-{:06}", number + 1)));
     let doc = triage_retrieval::Document {
         id: "late".into(),
         title: "late".into(),

@@ -277,20 +277,21 @@ mod tests {
     /// for the other.
     #[test]
     fn a_block_stays_pinned_until_its_last_pin_is_undone() {
-        let mut pool = BlockPool::new(3);
-        let a = pool.allocate(1).unwrap()[0];
-        pool.pin(a);
-        pool.pin(a);
-        pool.release(&[a]);
+        // A pool of two usable blocks, one of them pinned twice and held by no request.
+        let twice_pinned = || {
+            let mut pool = BlockPool::new(3);
+            let a = pool.allocate(1).unwrap()[0];
+            pool.pin(a);
+            pool.pin(a);
+            pool.release(&[a]);
+            (pool, a)
+        };
+        let (mut pool, a) = twice_pinned();
         pool.unpin(a);
         assert!(pool.is_pinned(a));
         assert_eq!((pool.num_pinned(), pool.num_free()), (1, 1));
         assert!(!pool.allocate(2).is_some_and(|b| b.contains(&a)));
-        let mut pool = BlockPool::new(3);
-        let a = pool.allocate(1).unwrap()[0];
-        pool.pin(a);
-        pool.pin(a);
-        pool.release(&[a]);
+        let (mut pool, a) = twice_pinned();
         pool.unpin(a);
         pool.unpin(a);
         pool.unpin(a);

@@ -308,12 +308,7 @@ async fn a_client_that_disconnects_frees_its_blocks() {
     let server = TestServer::start(|_| {}).await;
     let mut body = chat_body("a long answer please", 4000);
     body["stream"] = json!(true);
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = server.open(&body).await;
     let mut stream = response.bytes_stream();
     use futures_util::StreamExt;
     // Read until a token has arrived (the request holds blocks), then hang up.
@@ -343,12 +338,7 @@ async fn a_full_queue_answers_429() {
     let server = TestServer::start(|c| c.server.max_pending_requests = 1).await;
     let mut body = chat_body("hold the slot", 4000);
     body["stream"] = json!(true);
-    let busy = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let busy = server.open(&body).await;
     assert_eq!(busy.status(), 200);
     let (status, error) = server
         .post("/v1/chat/completions", &chat_body("me too", 2))
@@ -368,12 +358,7 @@ async fn shutdown_lets_in_flight_requests_finish_then_stops() {
     let mut server = TestServer::start(|_| {}).await;
     let mut body = chat_body("finish me", 40);
     body["stream"] = json!(true);
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = server.open(&body).await;
     assert_eq!(response.status(), 200);
     server.signal_shutdown();
     let events = sse_data(&response.text().await.unwrap());
@@ -979,12 +964,7 @@ async fn the_pipeline_answers_over_corpora_managed_by_the_api() {
     ] {
         let mut streamed = ask("where did the dog run", triage);
         streamed["stream"] = json!(true);
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/chat/completions", server.url))
-            .json(&streamed)
-            .send()
-            .await
-            .unwrap();
+        let r = server.open(&streamed).await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-triage-route"], expected_route);
         let data = sse_data(&r.text().await.unwrap());
@@ -1299,12 +1279,7 @@ async fn pipeline_requests_take_a_queue_ticket_and_stop_when_their_client_goes_a
     // A plain request holding the model's one slot turns a pipeline request away.
     let mut hold = chat_body("hold the slot", 4000);
     hold["stream"] = json!(true);
-    let busy = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&hold)
-        .send()
-        .await
-        .unwrap();
+    let busy = server.open(&hold).await;
     assert_eq!(busy.status(), 200);
     let question = |q: &str, max_tokens: u64| {
         let mut body = ask(q, json!({"corpus": "docs", "route": "rag"}));
@@ -1341,12 +1316,7 @@ async fn pipeline_requests_take_a_queue_ticket_and_stop_when_their_client_goes_a
     let q = long.expect("one of the questions is answered at length");
     let mut body = question(q, 3000);
     body["stream"] = json!(true);
-    let response = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let response = server.open(&body).await;
     assert_eq!(response.status(), 200);
     let mut stream = response.bytes_stream();
     use futures_util::StreamExt;

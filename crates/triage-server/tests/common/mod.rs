@@ -213,6 +213,16 @@ impl TestServer {
         (status, route, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// POST a chat completion and return the response unread (streams, hang-ups).
+    pub async fn open(&self, body: &Value) -> reqwest::Response {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, String) {
         let r = reqwest::get(format!("{}{path}", self.url)).await.unwrap();
         (r.status().as_u16(), r.text().await.unwrap())
