@@ -10,14 +10,17 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use serde::Serialize;
-use triage_engine::llm_engine::PrefixSource;
 use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document, Embedder};
 use triage_router::long_context::{long_context_prompt, pin_long_context, LongContextPrompt};
 use triage_router::{CorpusView, Generator, ModelRole, PinnedPrefix, RoutingConfig};
 
 use crate::config::CorpusLimits;
 use crate::error::{HostError, Result};
+
+mod summary;
+
+use summary::{document_bytes, not_loaded, summary};
+pub use summary::{pinned_name, CorpusSummary, DocumentSummary, DocumentsChange};
 
 /// Whether a loaded corpus's long-context prefix is resident.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,110 +81,6 @@ impl LoadedCorpus {
             long_context: self.usable_long_context(),
         }
     }
-}
-
-/// What loading (or listing) a corpus reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct CorpusSummary {
-    pub name: String,
-    #[serde(rename = "documents")]
-    pub num_documents: usize,
-    #[serde(rename = "chunks")]
-    pub num_chunks: usize,
-    /// Tokens of the corpus prefix in the long-context model, when it fits.
-    pub prefix_tokens: Option<usize>,
-    /// Whether that prefix is resident now (false once released for another corpus's).
-    pub prefix_pinned: bool,
-    /// Tokens pinned in the cache by this load, and where their KV came from (`cache`,
-    /// `disk`, `computed`); absent in listings.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pinned_tokens: Option<usize>,
-    pub pinned_from: Option<&'static str>,
-    /// Of a prefix prefilled by this load, the tokens found cached (a corpus grown at its end
-    /// prefills only the rest); absent otherwise.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reused_tokens: Option<usize>,
-    /// Why the long-context path is unavailable for it.
-    pub long_context_unavailable: Option<String>,
-    /// Corpora whose prefix this load released to make room (pinned again when next asked).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub unpinned_corpora: Vec<String>,
-}
-
-/// One document of a corpus, as listed.
-#[derive(Debug, Clone, Serialize)]
-pub struct DocumentSummary {
-    pub id: String,
-    pub title: String,
-    pub chunks: usize,
-}
-
-/// What a change to a corpus's documents did.
-#[derive(Debug, Clone, Serialize)]
-pub struct DocumentsChange {
-    pub added: usize,
-    pub updated: usize,
-    pub unchanged: usize,
-    pub deleted: usize,
-    /// The corpus as it is served now.
-    pub corpus: CorpusSummary,
-    /// Set when the documents were stored but the new generation could not be loaded: the
-    /// previous one (if any) is still served, and the next load or restart picks up the new.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reload_error: Option<String>,
-}
-
-/// The name the summaries give a prefix's source.
-pub fn pinned_name(source: PrefixSource) -> &'static str {
-    match source {
-        PrefixSource::Cache => "cache",
-        PrefixSource::Disk => "disk",
-        PrefixSource::Computed { .. } => "computed",
-    }
-}
-
-fn summary(name: &str, loaded: &LoadedCorpus, pinned: Option<PinnedPrefix>) -> CorpusSummary {
-    CorpusSummary {
-        name: name.to_string(),
-        num_documents: loaded.corpus.num_documents(),
-        num_chunks: loaded.corpus.chunks().len(),
-        prefix_tokens: loaded.long_context.as_ref().ok().map(|lc| lc.prefix.len()),
-        prefix_pinned: loaded.pin_state() == PinState::Pinned,
-        pinned_tokens: pinned.map(|p| p.num_tokens),
-        pinned_from: pinned.map(|p| pinned_name(p.source)),
-        reused_tokens: pinned.and_then(|p| match p.source {
-            PrefixSource::Computed { reused_tokens } => Some(reused_tokens),
-            _ => None,
-        }),
-        long_context_unavailable: loaded.usable_long_context().err(),
-        unpinned_corpora: Vec::new(),
-    }
-}
-
-/// The summary of a corpus that is stored but not loaded.
-fn not_loaded(name: &str) -> CorpusSummary {
-    CorpusSummary {
-        name: name.to_string(),
-        num_documents: 0,
-        num_chunks: 0,
-        prefix_tokens: None,
-        prefix_pinned: false,
-        pinned_tokens: None,
-        pinned_from: None,
-        reused_tokens: None,
-        long_context_unavailable: Some("the corpus is not loaded".into()),
-        unpinned_corpora: Vec::new(),
-    }
-}
-
-/// Bytes of text of each document of `corpus` (its chunks' furthest end).
-fn document_bytes(corpus: &Corpus) -> HashMap<&str, usize> {
-    let mut bytes: HashMap<&str, usize> = HashMap::new();
-    for c in corpus.chunks() {
-        let end = bytes.entry(c.doc_id.as_str()).or_default();
-        *end = (*end).max(c.end);
-    }
-    bytes
 }
 
 fn poisoned(what: &str) -> HostError {
@@ -681,129 +580,4 @@ impl CorpusRegistry {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-    use std::sync::Arc;
-
-    use candle_core::quantized::GgmlDType;
-    use triage_engine::generate::{GenerateRequest, TokenOutput};
-    use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
-    use triage_models::config::Architecture;
-    use triage_models::fixtures::{write_tiny_gguf, TinySpec};
-    use triage_models::model::Model;
-    use triage_models::transformer::LoadOptions;
-    use triage_router::{Generated, RouterError};
-
-    use super::*;
-
-    /// An engine that can be told to fail every model lookup (as a broken model would).
-    struct Flaky {
-        engine: LlmEngine,
-        broken: bool,
-    }
-
-    impl Generator for Flaky {
-        fn model(
-            &self,
-            role: ModelRole,
-        ) -> triage_router::Result<Arc<triage_models::model::Model>> {
-            if self.broken {
-                return Err(RouterError::Invalid("the model is broken".into()));
-            }
-            Generator::model(&self.engine, role)
-        }
-
-        fn generate(
-            &mut self,
-            role: ModelRole,
-            requests: &[GenerateRequest],
-            watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
-        ) -> triage_router::Result<Vec<Generated>> {
-            Generator::generate(&mut self.engine, role, requests, watch)
-        }
-
-        fn pin_prefix(
-            &mut self,
-            role: ModelRole,
-            tokens: &[u32],
-            dir: Option<&Path>,
-        ) -> triage_router::Result<PinnedPrefix> {
-            Generator::pin_prefix(&mut self.engine, role, tokens, dir)
-        }
-
-        fn unpin_prefix(&mut self, _role: ModelRole, _tokens: &[u32]) -> triage_router::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn doc(id: &str, text: &str) -> Document {
-        Document {
-            id: id.into(),
-            title: id.into(),
-            text: text.into(),
-        }
-    }
-
-    /// A change whose documents are stored but whose new generation cannot be loaded says so,
-    /// keeps serving the previous documents, and the next load picks the stored ones up.
-    #[test]
-    fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("tiny.gguf");
-        let spec = TinySpec {
-            context_length: 2048,
-            ..TinySpec::new(Architecture::Qwen2)
-        };
-        write_tiny_gguf(&path, &spec, GgmlDType::F32).unwrap();
-        let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
-        let config = EngineConfig {
-            kv_budget: KvBudget::Blocks(256),
-            ..EngineConfig::default()
-        };
-        let engine = LlmEngine::new(model, config).unwrap();
-        let bert = dir.path().join("bert");
-        triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
-        let embedder = BertEmbedder {
-            name: "tiny-bert".into(),
-            model: triage_models::bert::SentenceEmbedder::load(&bert, &candle_core::Device::Cpu)
-                .unwrap(),
-        };
-        let registry = CorpusRegistry::new(
-            &dir.path().join("store"),
-            dir.path().join("prefixes"),
-            embedder,
-        );
-        let routing = RoutingConfig::default();
-        let mut g = Flaky {
-            engine,
-            broken: false,
-        };
-        let created = registry
-            .create(&mut g, &routing, "c", &[doc("a", "the cat sat on the mat")])
-            .unwrap();
-        assert!(created.reload_error.is_none());
-        g.broken = true;
-        let change = registry
-            .add_documents(
-                &mut g,
-                &routing,
-                "c",
-                &[doc("b", "the dog ran to the park")],
-            )
-            .unwrap();
-        assert_eq!(change.added, 1);
-        let why = change.reload_error.expect("the reload failed");
-        assert!(why.contains("stored") && why.contains("previous"), "{why}");
-        assert_eq!(
-            change.corpus.num_documents, 1,
-            "the previous documents are served"
-        );
-        assert_eq!(
-            registry.get("c").unwrap().unwrap().corpus.num_documents(),
-            1
-        );
-        g.broken = false;
-        let reloaded = registry.load(&mut g, &routing, "c").unwrap();
-        assert_eq!(reloaded.num_documents, 2, "the stored change was kept");
-    }
-}
+mod tests;

@@ -1,0 +1,124 @@
+//! The registry with an engine that can be told to break: a stored change that cannot be
+//! loaded is reported, not lost.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_core::quantized::GgmlDType;
+use triage_engine::generate::{GenerateRequest, TokenOutput};
+use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_models::config::Architecture;
+use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_models::model::Model;
+use triage_models::transformer::LoadOptions;
+use triage_router::{Generated, RouterError};
+
+use super::*;
+
+/// An engine that can be told to fail every model lookup (as a broken model would).
+struct Flaky {
+    engine: LlmEngine,
+    broken: bool,
+}
+
+impl Generator for Flaky {
+    fn model(&self, role: ModelRole) -> triage_router::Result<Arc<triage_models::model::Model>> {
+        if self.broken {
+            return Err(RouterError::Invalid("the model is broken".into()));
+        }
+        Generator::model(&self.engine, role)
+    }
+
+    fn generate(
+        &mut self,
+        role: ModelRole,
+        requests: &[GenerateRequest],
+        watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
+    ) -> triage_router::Result<Vec<Generated>> {
+        Generator::generate(&mut self.engine, role, requests, watch)
+    }
+
+    fn pin_prefix(
+        &mut self,
+        role: ModelRole,
+        tokens: &[u32],
+        dir: Option<&Path>,
+    ) -> triage_router::Result<PinnedPrefix> {
+        Generator::pin_prefix(&mut self.engine, role, tokens, dir)
+    }
+
+    fn unpin_prefix(&mut self, _role: ModelRole, _tokens: &[u32]) -> triage_router::Result<()> {
+        Ok(())
+    }
+}
+
+fn doc(id: &str, text: &str) -> Document {
+    Document {
+        id: id.into(),
+        title: id.into(),
+        text: text.into(),
+    }
+}
+
+/// A change whose documents are stored but whose new generation cannot be loaded says so,
+/// keeps serving the previous documents, and the next load picks the stored ones up.
+#[test]
+fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let spec = TinySpec {
+        context_length: 2048,
+        ..TinySpec::new(Architecture::Qwen2)
+    };
+    write_tiny_gguf(&path, &spec, GgmlDType::F32).unwrap();
+    let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
+    let config = EngineConfig {
+        kv_budget: KvBudget::Blocks(256),
+        ..EngineConfig::default()
+    };
+    let engine = LlmEngine::new(model, config).unwrap();
+    let bert = dir.path().join("bert");
+    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
+    let embedder = BertEmbedder {
+        name: "tiny-bert".into(),
+        model: triage_models::bert::SentenceEmbedder::load(&bert, &candle_core::Device::Cpu)
+            .unwrap(),
+    };
+    let registry = CorpusRegistry::new(
+        &dir.path().join("store"),
+        dir.path().join("prefixes"),
+        embedder,
+    );
+    let routing = RoutingConfig::default();
+    let mut g = Flaky {
+        engine,
+        broken: false,
+    };
+    let created = registry
+        .create(&mut g, &routing, "c", &[doc("a", "the cat sat on the mat")])
+        .unwrap();
+    assert!(created.reload_error.is_none());
+    g.broken = true;
+    let change = registry
+        .add_documents(
+            &mut g,
+            &routing,
+            "c",
+            &[doc("b", "the dog ran to the park")],
+        )
+        .unwrap();
+    assert_eq!(change.added, 1);
+    let why = change.reload_error.expect("the reload failed");
+    assert!(why.contains("stored") && why.contains("previous"), "{why}");
+    assert_eq!(
+        change.corpus.num_documents, 1,
+        "the previous documents are served"
+    );
+    assert_eq!(
+        registry.get("c").unwrap().unwrap().corpus.num_documents(),
+        1
+    );
+    g.broken = false;
+    let reloaded = registry.load(&mut g, &routing, "c").unwrap();
+    assert_eq!(reloaded.num_documents, 2, "the stored change was kept");
+}
