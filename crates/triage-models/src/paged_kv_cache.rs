@@ -41,12 +41,19 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(config.num_layers);
         let mut v = Vec::with_capacity(config.num_layers);
         // Made in `dtype` directly: an f32 tensor first would briefly take twice a bf16 budget.
-        // On the CPU the blocks are written now, even with zeros: `zeros` maps pages lazily, and
-        // the block pool cycles through every block, so resident memory would otherwise creep
-        // up by the whole budget under load (it looked like a leak in the soak benchmark).
+        // On the CPU the blocks are written now, even with zeros: zeroed memory is mapped
+        // lazily, and the block pool cycles through every block, so resident memory would
+        // otherwise creep up by the whole budget under load (it looked like a leak in the soak
+        // benchmark). `resize` writes every element (a memset), unlike `vec![0.0; n]`.
+        let num_elements = num_blocks * block_size * config.num_kv_heads * config.head_dim;
         let filled = || -> Result<Tensor> {
+            if device.is_cpu() && dtype == DType::F32 {
+                let mut data: Vec<f32> = Vec::with_capacity(num_elements);
+                data.resize(num_elements, fill);
+                return Ok(Tensor::from_vec(data, shape, device)?);
+            }
             let zeros = Tensor::zeros(shape, dtype, device)?;
-            Ok(if fill == 0.0 && !device.is_cpu() {
+            Ok(if fill == 0.0 {
                 zeros
             } else {
                 zeros.affine(1.0, f64::from(fill))?
