@@ -282,6 +282,14 @@ mod tests {
             embedder: "other:768:512".into(),
         });
         assert_eq!(e.status, StatusCode::CONFLICT);
+        let e = ApiError::from(HostError::from(RetrievalError::Busy("docs".into())));
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(e.body()["error"]["code"], "overloaded");
+        let e = ApiError::from(HostError::TooLarge(
+            "corpus \"docs\" would hold 3000 bytes".into(),
+        ));
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(e.body()["error"]["code"], "corpus_too_large");
         let e = ApiError::from(HostError::Invalid("no such document".into()));
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.body()["error"]["message"], "no such document");
