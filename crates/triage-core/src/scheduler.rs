@@ -165,10 +165,20 @@ impl Scheduler {
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.config.max_num_batched_tokens;
+        // With other requests about, a running prefill takes at most half a step's tokens: a
+        // long prompt (a corpus prefix being pinned) then holds neither the decodes behind it in
+        // the running queue nor newer requests back until it is done.
+        let prefill_cap = if self.running.len() + self.waiting.len() > 1 {
+            (budget / 2).max(1)
+        } else {
+            budget
+        };
         let mut idx = 0;
         while idx < self.running.len() && budget > 0 {
             let req = &self.running[idx];
-            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+            let num_new = (req.num_tokens() - req.num_computed_tokens)
+                .min(budget)
+                .min(prefill_cap);
             let tokens = req.all_tokens();
             let salt = req.cache_salt.as_deref();
             let id = req.id;
@@ -359,6 +369,21 @@ mod tests {
             .map(|(r, _)| r.id)
             .collect();
         (out, done)
+    }
+
+    /// A long prefill under way leaves half of each step to a request that arrives after it.
+    #[test]
+    fn a_long_prefill_shares_the_step_with_a_newcomer() {
+        let mut s = scheduler(64, 8);
+        s.add_request(Request::new(1, (0..40).collect(), 1));
+        let (out, _) = step(&mut s);
+        assert_eq!(plan(&out), vec![(1, 0, 8)]);
+        s.add_request(Request::new(2, (100..104).collect(), 2));
+        let (out, _) = step(&mut s);
+        assert_eq!(plan(&out), vec![(1, 8, 4), (2, 0, 4)]);
+        // The newcomer's decode is not held back behind the prefill either.
+        let (out, _) = step(&mut s);
+        assert_eq!(plan(&out), vec![(1, 12, 4), (2, 4, 1)]);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::quantized::GgmlDType;
 use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateRequest, Prompt};
 use triage_engine::llm_engine::{
-    EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent, Usage,
+    EngineConfig, KvBudget, LlmEngine, PinStart, PrefixSource, StreamEvent, Usage,
 };
 use triage_engine::prefix_store::{PrefixMiss, StoredPrefix};
 use triage_engine::sampler::SamplingParams;
@@ -226,6 +226,54 @@ fn config(num_blocks: usize) -> EngineConfig {
         prefix_caching: true,
         ..EngineConfig::default()
     }
+}
+
+/// A corpus prefix being pinned is a request like the others: a short request added after it
+/// is admitted beside the prefill (which takes at most half a step's tokens while others wait)
+/// and finishes before it; the pin then completes, and pinning again finds it cached.
+#[test]
+fn a_prefix_being_pinned_does_not_hold_up_other_requests() {
+    let (_dir, model) = tiny();
+    let mut engine = LlmEngine::new(model.clone(), config(256)).unwrap();
+    let corpus: Vec<u32> = model
+        .tokenizer
+        .encode(
+            &"the tide comes in and the tide goes out; ".repeat(12),
+            false,
+            false,
+        )
+        .unwrap();
+    assert!(
+        (300..500).contains(&corpus.len()),
+        "{} tokens",
+        corpus.len()
+    );
+    let PinStart::Pending(pin) = engine.start_pin(&corpus, None).unwrap() else {
+        panic!("nothing was cached, so the prefix must be prefilled");
+    };
+    let mut short = request(0);
+    short.params.max_tokens = Some(2);
+    let (_, rx) = engine.add_request(&short).unwrap();
+    let mut chat_done_first = false;
+    while !pin.is_done(&engine) {
+        engine.step().unwrap();
+        let finished = rx
+            .try_iter()
+            .any(|e| matches!(e, StreamEvent::Finished { .. }));
+        chat_done_first |= finished;
+    }
+    assert!(
+        chat_done_first,
+        "the short request waited for the whole prefill"
+    );
+    let (handle, source, unsaved) = engine.finish_pin(pin).unwrap();
+    assert!(unsaved.is_none());
+    assert_eq!(handle.num_tokens, corpus.len() / 4 * 4);
+    assert!(matches!(source, PrefixSource::Computed { .. }));
+    assert!(matches!(
+        engine.start_pin(&corpus, None).unwrap(),
+        PinStart::Done(_, PrefixSource::Cache)
+    ));
 }
 
 /// A 30-token corpus prefix (7 full blocks of 4) and a question after it.
