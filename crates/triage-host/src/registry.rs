@@ -55,6 +55,10 @@ impl LoadedCorpus {
         }
     }
 
+    fn set_pin_state(&self, state: PinState) {
+        *self.pin.lock().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+
     fn pin_state(&self) -> PinState {
         // A poisoned state lock still holds a whole value (only assignments happen under it).
         self.pin
@@ -80,6 +84,14 @@ impl LoadedCorpus {
             backend: None,
             long_context: self.usable_long_context(),
         }
+    }
+}
+
+/// A store error, a missing corpus as the host's own `UnknownCorpus`.
+fn store_error(e: triage_retrieval::RetrievalError) -> HostError {
+    match e {
+        triage_retrieval::RetrievalError::UnknownCorpus(n) => HostError::UnknownCorpus(n),
+        other => other.into(),
     }
 }
 
@@ -150,6 +162,22 @@ impl CorpusRegistry {
         Ok(writers.entry(name.to_string()).or_default().clone())
     }
 
+    /// Run `f` holding the writer lock of corpus `name`.
+    fn with_writer<R>(&self, name: &str, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let lock = self.writer(name)?;
+        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
+        f()
+    }
+
+    /// `UnknownCorpus` unless `name` is in the store.
+    fn require_stored(&self, name: &str) -> Result<()> {
+        if self.in_store(name)? {
+            Ok(())
+        } else {
+            Err(HostError::UnknownCorpus(name.to_string()))
+        }
+    }
+
     fn forget_writer(&self, name: &str) {
         if let Ok(mut writers) = self.writers.lock() {
             writers.remove(name);
@@ -199,9 +227,7 @@ impl CorpusRegistry {
         } else if !self.in_store(name)? {
             return Err(HostError::UnknownCorpus(name.to_string()));
         }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        self.get_or_load_locked(generator, routing, name)
+        self.with_writer(name, || self.get_or_load_locked(generator, routing, name))
     }
 
     fn get_or_load_locked(
@@ -223,10 +249,7 @@ impl CorpusRegistry {
     }
 
     fn open(&self, name: &str) -> Result<Corpus> {
-        self.store.open(name).map_err(|e| match e {
-            triage_retrieval::RetrievalError::UnknownCorpus(n) => HostError::UnknownCorpus(n),
-            other => other.into(),
-        })
+        self.store.open(name).map_err(store_error)
     }
 
     /// Open `name` from the store (it must exist) and pin its long-context prefix; a corpus
@@ -237,13 +260,11 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
     ) -> Result<CorpusSummary> {
-        if !self.in_store(name)? {
-            return Err(HostError::UnknownCorpus(name.to_string()));
-        }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        let corpus = self.open(name)?;
-        Ok(self.swap_in(generator, routing, corpus)?.0)
+        self.require_stored(name)?;
+        self.with_writer(name, || {
+            let corpus = self.open(name)?;
+            Ok(self.swap_in(generator, routing, corpus)?.0)
+        })
     }
 
     /// Make an already opened corpus answerable.
@@ -253,9 +274,8 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         corpus: Corpus,
     ) -> Result<CorpusSummary> {
-        let lock = self.writer(&corpus.name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        Ok(self.swap_in(generator, routing, corpus)?.0)
+        let name = corpus.name.clone();
+        self.with_writer(&name, || Ok(self.swap_in(generator, routing, corpus)?.0))
     }
 
     /// Pin the prefix of `loaded` (corpus `name`), releasing the least recently used prefixes
@@ -274,15 +294,14 @@ impl CorpusRegistry {
         loop {
             let why = match pin_long_context(generator, lc, &self.prefix_dir)? {
                 Ok(pinned) => {
-                    *loaded.pin.lock().unwrap_or_else(PoisonError::into_inner) = PinState::Pinned;
+                    loaded.set_pin_state(PinState::Pinned);
                     return Ok((Some(pinned), released));
                 }
                 Err(why) => why,
             };
             let Some((victim_name, victim)) = self.least_recently_used_pinned(name)? else {
                 tracing::warn!(corpus = %name, reason = %why, "the corpus answers by RAG only");
-                *loaded.pin.lock().unwrap_or_else(PoisonError::into_inner) =
-                    PinState::DoesNotFit(why);
+                loaded.set_pin_state(PinState::DoesNotFit(why));
                 return Ok((None, released));
             };
             if self.release(generator, &victim, PinState::Released)? {
@@ -354,14 +373,14 @@ impl CorpusRegistry {
 
     /// Stop answering from `name` and release its pinned prefix.
     pub fn unload(&self, generator: &mut dyn Generator, name: &str) -> Result<()> {
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        let old = self
-            .table_mut()?
-            .remove(name)
-            .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
-        self.release(generator, &old, PinState::NoPrefix)?;
-        Ok(())
+        self.with_writer(name, || {
+            let old = self
+                .table_mut()?
+                .remove(name)
+                .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
+            self.release(generator, &old, PinState::NoPrefix)?;
+            Ok(())
+        })
     }
 
     /// Delete corpus `name` from the store, unloading it (and releasing its prefix) first.
@@ -369,17 +388,14 @@ impl CorpusRegistry {
         if !self.in_store(name)? && self.get(name)?.is_none() {
             return Err(HostError::UnknownCorpus(name.to_string()));
         }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        if let Some(old) = self.table_mut()?.remove(name) {
-            self.release(generator, &old, PinState::NoPrefix)?;
-        }
-        let deleted = self.store.delete(name).map_err(|e| match e {
-            triage_retrieval::RetrievalError::UnknownCorpus(n) => HostError::UnknownCorpus(n),
-            other => other.into(),
-        });
-        self.forget_writer(name);
-        deleted
+        self.with_writer(name, || {
+            if let Some(old) = self.table_mut()?.remove(name) {
+                self.release(generator, &old, PinState::NoPrefix)?;
+            }
+            let deleted = self.store.delete(name).map_err(store_error);
+            self.forget_writer(name);
+            deleted
+        })
     }
 
     /// The names of the loaded corpora.
@@ -425,16 +441,16 @@ impl CorpusRegistry {
                 stored.len()
             )));
         }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        if self.in_store(name)? {
-            return Err(HostError::CorpusExists(name.to_string()));
-        }
-        let change = self.change(generator, routing, name, None, documents, &[]);
-        if !self.in_store(name).unwrap_or(true) {
-            self.forget_writer(name);
-        }
-        change
+        self.with_writer(name, || {
+            if self.in_store(name)? {
+                return Err(HostError::CorpusExists(name.to_string()));
+            }
+            let change = self.change(generator, routing, name, None, documents, &[]);
+            if !self.in_store(name).unwrap_or(true) {
+                self.forget_writer(name);
+            }
+            change
+        })
     }
 
     /// Add or replace documents of an existing corpus.
@@ -446,13 +462,11 @@ impl CorpusRegistry {
         documents: &[Document],
     ) -> Result<DocumentsChange> {
         self.check_count("documents", documents.len())?;
-        if !self.in_store(name)? {
-            return Err(HostError::UnknownCorpus(name.to_string()));
-        }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
-        self.change(generator, routing, name, Some(&loaded), documents, &[])
+        self.require_stored(name)?;
+        self.with_writer(name, || {
+            let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+            self.change(generator, routing, name, Some(&loaded), documents, &[])
+        })
     }
 
     /// Delete documents by id from an existing corpus.
@@ -464,19 +478,17 @@ impl CorpusRegistry {
         ids: &[String],
     ) -> Result<DocumentsChange> {
         self.check_count("document ids", ids.len())?;
-        if !self.in_store(name)? {
-            return Err(HostError::UnknownCorpus(name.to_string()));
-        }
-        let lock = self.writer(name)?;
-        let _guard = lock.lock().map_err(|_| poisoned("a corpus lock"))?;
-        let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
-        let known = document_bytes(&loaded.corpus);
-        if let Some(missing) = ids.iter().find(|id| !known.contains_key(id.as_str())) {
-            return Err(HostError::Invalid(format!(
-                "corpus {name:?} has no document {missing:?}"
-            )));
-        }
-        self.change(generator, routing, name, Some(&loaded), &[], ids)
+        self.require_stored(name)?;
+        self.with_writer(name, || {
+            let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+            let known = document_bytes(&loaded.corpus);
+            if let Some(missing) = ids.iter().find(|id| !known.contains_key(id.as_str())) {
+                return Err(HostError::Invalid(format!(
+                    "corpus {name:?} has no document {missing:?}"
+                )));
+            }
+            self.change(generator, routing, name, Some(&loaded), &[], ids)
+        })
     }
 
     /// Refuse a change that would take the corpus past its byte limit.
