@@ -8,6 +8,7 @@ use candle_core::Tensor;
 use crate::{ModelError, Result};
 
 pub use triage_ops::causal_attention::{causal_attention, causal_attention_slow, QUERY_CHUNK};
+use triage_ops::paged_attention::GATHER_MIN_QUERIES;
 
 /// KV storage plus attention for one forward pass.
 pub trait AttentionBackend {
@@ -59,47 +60,62 @@ impl ContiguousKvCache {
         }
     }
 
-    fn append(&mut self, layer_idx: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// Store `k`, `v` after the layer's tokens; returns the layer, holding them.
+    fn append(&mut self, layer_idx: usize, k: &Tensor, v: &Tensor) -> Result<&LayerCache> {
         let slot = self
             .layers
             .get_mut(layer_idx)
             .ok_or_else(|| ModelError::Invalid(format!("layer {layer_idx} out of range")))?;
         let (kv_heads, n, head_dim) = k.dims3()?;
         let step = self.capacity_step;
-        let layer = match slot {
-            Some(layer) if layer.k.dim(1)? >= layer.len + n => layer,
-            _ => {
-                let old_len = slot.as_ref().map_or(0, |l| l.len);
-                let capacity = (old_len + n).div_ceil(step) * step;
-                let (dtype, device) = (k.dtype(), k.device().clone());
-                let new_k = Tensor::zeros((kv_heads, capacity, head_dim), dtype, &device)?;
-                let new_v = Tensor::zeros((kv_heads, capacity, head_dim), dtype, &device)?;
-                if let Some(old) = slot.as_ref() {
-                    if old.len > 0 {
-                        new_k.slice_set(&old.k.narrow(1, 0, old.len)?.contiguous()?, 1, 0)?;
-                        new_v.slice_set(&old.v.narrow(1, 0, old.len)?.contiguous()?, 1, 0)?;
-                    }
-                }
-                slot.insert(LayerCache {
-                    k: new_k,
-                    v: new_v,
-                    len: old_len,
-                })
-            }
+        let fits = match slot.as_ref() {
+            Some(layer) => layer.k.dim(1)? >= layer.len + n,
+            None => false,
         };
+        if !fits {
+            let old_len = slot.as_ref().map_or(0, |l| l.len);
+            let capacity = (old_len + n).div_ceil(step) * step;
+            let (dtype, device) = (k.dtype(), k.device().clone());
+            let new_k = Tensor::zeros((kv_heads, capacity, head_dim), dtype, &device)?;
+            let new_v = Tensor::zeros((kv_heads, capacity, head_dim), dtype, &device)?;
+            if let Some(old) = slot.as_ref() {
+                if old.len > 0 {
+                    new_k.slice_set(&old.k.narrow(1, 0, old.len)?.contiguous()?, 1, 0)?;
+                    new_v.slice_set(&old.v.narrow(1, 0, old.len)?.contiguous()?, 1, 0)?;
+                }
+            }
+            *slot = Some(LayerCache {
+                k: new_k,
+                v: new_v,
+                len: old_len,
+            });
+        }
+        let layer = slot
+            .as_mut()
+            .ok_or_else(|| ModelError::Invalid("layer cache missing after growth".into()))?;
         layer.k.slice_set(&k.contiguous()?, 1, layer.len)?;
         layer.v.slice_set(&v.contiguous()?, 1, layer.len)?;
         layer.len += n;
-        Ok((
-            layer.k.narrow(1, 0, layer.len)?,
-            layer.v.narrow(1, 0, layer.len)?,
-        ))
+        Ok(layer)
     }
 }
 
 impl AttentionBackend for ContiguousKvCache {
+    /// Few query rows (decode) read the cache in place; a prompt's rows run chunked matrix
+    /// products over its K/V (copying them once per chunk is small next to the products).
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let (k_all, v_all) = self.append(layer_idx, k, v)?;
+        let layer = self.append(layer_idx, k, v)?;
+        let n = q.dim(1)?;
+        let in_place = n < GATHER_MIN_QUERIES
+            && layer.k.device().is_cpu()
+            && layer.k.dtype() == candle_core::DType::F32;
+        if in_place {
+            return Ok(triage_ops::attention_rows::cached_attention_rows(
+                q, &layer.k, &layer.v, layer.len,
+            )?);
+        }
+        let k_all = layer.k.narrow(1, 0, layer.len)?;
+        let v_all = layer.v.narrow(1, 0, layer.len)?;
         Ok(causal_attention(q, &k_all, &v_all)?)
     }
 }

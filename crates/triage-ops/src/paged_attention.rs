@@ -291,13 +291,13 @@ pub fn reshape_and_cache_slow(cache: &Tensor, rows: &Tensor, slots: &[u32]) -> R
     Ok(flat.reshape((num_blocks, block_size, kv_heads, head_dim))?)
 }
 
-fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
+pub(crate) fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
     match storage {
         Storage::Cpu(CpuStorage::F32(v)) if layout.is_contiguous() => {
             Ok(&v[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
         }
         _ => Err(OpsError::InvalidArgument(
-            "paged_attention: contiguous f32 CPU tensors only".into(),
+            "attention: contiguous f32 CPU tensors only".into(),
         )),
     }
 }
@@ -494,25 +494,6 @@ fn gathered_attention(
     Ok(out.reshape((n, heads, head_dim))?)
 }
 
-/// `a · b` in eight interleaved partial sums, which the compiler keeps in one vector register
-/// (a single running sum would be scalar); the order depends on the length alone.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (xs, ys) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = xs
-        .remainder()
-        .iter()
-        .zip(ys.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in xs.zip(ys) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// The per-row kernel: parallel over (token, KV head), softmax through the block table. The
 /// query heads that share a KV head (grouped-query attention) read each key and value row once.
 fn paged_attention_rows(
@@ -539,7 +520,6 @@ fn paged_attention_rows(
         rows.extend((slen - qlen..slen).map(|pos| (s, pos)));
     }
     let groups = num_heads / kv_heads;
-    let scale = 1.0 / (head_dim as f32).sqrt();
     let mut out = vec![0f32; num_tokens * num_heads * head_dim];
     // Chunk `idx` is the `groups` heads of token `idx / kv_heads` that read KV head
     // `idx % kv_heads`: contiguous in `out`, since heads `kvh * groups..` share KV head `kvh`.
@@ -555,33 +535,7 @@ fn paged_attention_rows(
             .collect();
         let first_q = (t * num_heads + kvh * groups) * head_dim;
         let queries = &qd[first_q..first_q + groups * head_dim];
-        // Two passes over the keys: scores and their max, then one exp per key and the
-        // weighted sum of values (an online softmax would rescale the output at every key).
-        let mut weights = vec![0f32; groups * bases.len()];
-        for (j, &base) in bases.iter().enumerate() {
-            let key = &kdata[base..base + head_dim];
-            for (g, qrow) in queries.chunks_exact(head_dim).enumerate() {
-                weights[g * bases.len() + j] = dot(qrow, key) * scale;
-            }
-        }
-        let mut sums = vec![0f32; groups];
-        for (w, l) in weights.chunks_exact_mut(bases.len()).zip(sums.iter_mut()) {
-            let m = w.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            for p in w.iter_mut() {
-                *p = (*p - m).exp();
-                *l += *p;
-            }
-        }
-        for (j, &base) in bases.iter().enumerate() {
-            let vrow = &vdata[base..base + head_dim];
-            for (g, og) in o.chunks_exact_mut(head_dim).enumerate() {
-                let p = weights[g * bases.len() + j];
-                og.iter_mut().zip(vrow).for_each(|(acc, &v)| *acc += p * v);
-            }
-        }
-        for (og, l) in o.chunks_exact_mut(head_dim).zip(&sums) {
-            og.iter_mut().for_each(|x| *x /= l);
-        }
+        crate::attention_rows::attend_row(queries, kdata, vdata, &bases, head_dim, o);
     });
     Ok(Tensor::from_vec(
         out,
