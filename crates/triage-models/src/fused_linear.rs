@@ -4,38 +4,55 @@
 use std::sync::Arc;
 
 use candle_core::Tensor;
-use triage_ops::{q8_matmul, Q8Matrix};
+use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, Q8Matrix};
 
 use crate::layers::{Linear, Q8_MAX_ROWS};
 use crate::Result;
 
-/// Several `Linear`s over one input. Where every part has Q8_0 weights on CPU they are stacked
-/// by rows into one matrix (the parts give theirs up, so nothing is stored twice); the outputs
-/// are the stacked product's columns, split back, each with its part's bias. Each output element
-/// has its own accumulator, so the results are the parts' bits.
+/// Several `Linear`s over one input. Where every part has Q8_0 weights on CPU, or K-quant
+/// weights of one type that stack (`KQuantMatrix::stack_rows`), they are stacked by rows into one
+/// matrix (the parts give theirs up, so nothing is stored twice); the outputs are the stacked
+/// product's columns, split back, each with its part's bias. Each output element has its own
+/// accumulator, so the results are the parts' bits.
 #[derive(Debug, Clone)]
 pub struct FusedLinear {
     parts: Vec<Linear>,
-    /// The parts' Q8_0 weights stacked, with each part's width.
-    stacked: Option<(Arc<Q8Matrix>, Vec<usize>)>,
+    /// The parts' weights stacked, with each part's width.
+    stacked: Option<(Stacked, Vec<usize>)>,
+}
+
+/// Stacked weights of one kind.
+#[derive(Debug, Clone)]
+enum Stacked {
+    Q8(Arc<Q8Matrix>),
+    KQuant(Arc<KQuantMatrix>),
 }
 
 impl FusedLinear {
     pub fn new(mut parts: Vec<Linear>) -> Result<Self> {
-        if parts.len() < 2 || !parts.iter().all(Linear::has_q8) {
-            return Ok(Self {
-                parts,
-                stacked: None,
-            });
-        }
-        let q8: Vec<Arc<Q8Matrix>> = parts.iter_mut().filter_map(Linear::take_q8).collect();
-        let widths = q8.iter().map(|m| m.rows()).collect();
-        let refs: Vec<&Q8Matrix> = q8.iter().map(Arc::as_ref).collect();
-        let stacked = Arc::new(Q8Matrix::stack_rows(&refs)?);
-        Ok(Self {
-            parts,
-            stacked: Some((stacked, widths)),
-        })
+        let stacked = if parts.len() < 2 {
+            None
+        } else if parts.iter().all(Linear::has_q8) {
+            let q8: Vec<Arc<Q8Matrix>> = parts.iter_mut().filter_map(Linear::take_q8).collect();
+            let widths = q8.iter().map(|m| m.rows()).collect();
+            let refs: Vec<&Q8Matrix> = q8.iter().map(Arc::as_ref).collect();
+            Some((Stacked::Q8(Arc::new(Q8Matrix::stack_rows(&refs)?)), widths))
+        } else {
+            let refs: Option<Vec<&KQuantMatrix>> = parts.iter().map(Linear::kquant).collect();
+            match refs.map(|r| KQuantMatrix::stack_rows(&r)) {
+                Some(Ok(stacked)) => {
+                    let widths = parts
+                        .iter_mut()
+                        .filter_map(Linear::take_kquant)
+                        .map(|k| k.rows())
+                        .collect();
+                    Some((Stacked::KQuant(Arc::new(stacked)), widths))
+                }
+                // Parts of mixed kinds or types run one by one.
+                _ => None,
+            }
+        };
+        Ok(Self { parts, stacked })
     }
 
     /// Output features of each part.
@@ -54,7 +71,10 @@ impl FusedLinear {
         let Some((stacked, widths)) = self.stacked.as_ref().filter(|_| !dense) else {
             return self.parts.iter().map(|p| p.forward(x)).collect();
         };
-        let y = q8_matmul(x, stacked)?;
+        let y = match stacked {
+            Stacked::Q8(m) => q8_matmul(x, m)?,
+            Stacked::KQuant(m) => kquant_matmul(x, m)?,
+        };
         let mut outputs = Vec::with_capacity(widths.len());
         let mut start = 0;
         for (part, &width) in self.parts.iter().zip(widths) {

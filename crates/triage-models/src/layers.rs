@@ -5,20 +5,17 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
-use triage_ops::{q8_matmul, Q8Matrix};
+use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, KQuantType, Q8Matrix};
 
 use crate::config::RopeStyle;
 use crate::fused_linear::FusedLinear;
 use crate::weights::Weight;
 use crate::Result;
 
-/// Row count from which a dense GEMM beats candle's quantized matmul on CPU for the K-quant
-/// types (prefill vs llama.cpp with this split: `benches/e2e_vs_llamacpp.py`, `benches/RESULTS.md`).
-pub const DENSE_MIN_ROWS: usize = 64;
-
-/// Row count from which a dense f32 GEMM beats triage's own Q8_0 kernel: below it the int8
-/// kernel reads a quarter of the bytes (decode, batched decode); above it the f32 GEMM's FMA
-/// throughput wins (AVX2 has no int8 dot instruction). `triage-ops/benches/ops_q8_matmul.rs`.
+/// Row count from which a layer that keeps a dense f32 copy (`DenseLayout::dense_copy`, off by
+/// default) uses it instead of its quantized blocks: below it the int8 kernels read a quarter of
+/// the bytes (decode, batched decode). With VNNI the int8 kernels also match or beat the f32
+/// GEMM above it (`triage-ops/benches/ops_q8_matmul.rs`, `ops_kquant_matmul.rs`).
 pub const Q8_MAX_ROWS: usize = 64;
 
 /// How a `Linear` keeps dense matrices: their dtype (f32 on CPU, bf16 on a GPU, where f32
@@ -53,7 +50,9 @@ fn dense_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub struct Linear {
     /// Q8_0 weights on CPU, for triage's batch-invariant int8 kernel.
     q8: Option<Arc<Q8Matrix>>,
-    /// Other block-quantized weights (or Q8_0 off CPU), through candle.
+    /// Q4_K weights on CPU, packed for triage's batch-invariant K-quant kernel.
+    kquant: Option<Arc<KQuantMatrix>>,
+    /// Other block-quantized weights (or any off CPU), through candle.
     quantized: Option<QMatMul>,
     dense: Option<Tensor>,
     bias: Option<Tensor>,
@@ -69,15 +68,19 @@ impl Linear {
         layout: DenseLayout,
         device: &Device,
     ) -> Result<Self> {
-        let (mut q8, mut quantized, mut dense) = (None, None, None);
+        let (mut q8, mut kquant, mut quantized, mut dense) = (None, None, None, None);
         match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => {
                 if layout.dense_copy {
                     dense = Some(q.dequantize(device)?);
                 }
+                let (rows, cols) = q.shape().dims2()?;
                 if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
-                    let (rows, cols) = q.shape().dims2()?;
                     q8 = Some(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, &q.data()?)?));
+                } else if q.dtype() == GgmlDType::Q4K && device.is_cpu() {
+                    let bytes = q.data()?.into_owned();
+                    let m = KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, rows, cols, bytes)?;
+                    kquant = Some(Arc::new(m));
                 } else {
                     quantized = Some(QMatMul::from_arc(q)?);
                 }
@@ -86,6 +89,7 @@ impl Linear {
         }
         Ok(Self {
             q8,
+            kquant,
             quantized,
             dense,
             bias,
@@ -102,6 +106,15 @@ impl Linear {
         self.q8.is_some()
     }
 
+    /// Hands over the K-quant weights, as `take_q8`.
+    pub(crate) fn take_kquant(&mut self) -> Option<Arc<KQuantMatrix>> {
+        self.kquant.take()
+    }
+
+    pub(crate) fn kquant(&self) -> Option<&KQuantMatrix> {
+        self.kquant.as_deref()
+    }
+
     pub(crate) fn has_dense(&self) -> bool {
         self.dense.is_some()
     }
@@ -112,6 +125,9 @@ impl Linear {
 
     /// Output features.
     pub fn out_features(&self) -> Result<usize> {
+        if let Some(k) = &self.kquant {
+            return Ok(k.rows());
+        }
         match (&self.q8, &self.dense, &self.quantized) {
             (Some(q), _, _) => Ok(q.rows()),
             (None, Some(d), _) => Ok(d.dim(0)?),
@@ -126,13 +142,14 @@ impl Linear {
     /// `x`: `[rows, in]` f32 → `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let rows = x.dim(0)?;
-        let y = match (&self.q8, &self.quantized, &self.dense) {
-            (Some(_), _, Some(w)) if rows >= Q8_MAX_ROWS => dense_matmul(x, w)?,
-            (Some(q), _, _) => q8_matmul(x, q)?,
-            (None, Some(_), Some(w)) if rows >= DENSE_MIN_ROWS => dense_matmul(x, w)?,
-            (None, Some(q), _) => q.forward(x)?,
-            (None, None, Some(w)) => dense_matmul(x, w)?,
-            (None, None, None) => {
+        let quantized = self.q8.is_some() || self.kquant.is_some() || self.quantized.is_some();
+        let y = match (&self.dense, &self.q8, &self.kquant, &self.quantized) {
+            (Some(w), ..) if quantized && rows >= Q8_MAX_ROWS => dense_matmul(x, w)?,
+            (_, Some(q), _, _) => q8_matmul(x, q)?,
+            (_, None, Some(k), _) => kquant_matmul(x, k)?,
+            (_, None, None, Some(q)) => q.forward(x)?,
+            (Some(w), None, None, None) => dense_matmul(x, w)?,
+            (None, None, None, None) => {
                 return Err(crate::ModelError::Invalid(
                     "linear layer without weight".into(),
                 ))

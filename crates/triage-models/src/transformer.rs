@@ -41,8 +41,9 @@ pub struct Transformer {
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub device: Device,
-    /// Keep an f32 copy of quantized matrices for multi-row products (fast CPU prefill at the
-    /// cost of memory: ~4 bytes per parameter).
+    /// Keep an f32 copy of quantized matrices for multi-row products (~4 bytes per parameter).
+    /// Off by default: the int8 products on the quantized blocks match or beat the f32 GEMM in
+    /// prefill (`benches/RESULTS.md`, issue 21) at a quarter of the memory or less.
     pub dense_prefill: bool,
     /// Dtype of dense matrices (safetensors weights, GGUF F16/BF16/F32 matrices).
     pub dense_dtype: DType,
@@ -52,16 +53,16 @@ impl Default for LoadOptions {
     fn default() -> Self {
         Self {
             device: Device::Cpu,
-            dense_prefill: true,
+            dense_prefill: false,
             dense_dtype: DType::F32,
         }
     }
 }
 
 impl LoadOptions {
-    /// The layout for `spec`: on the CPU f32 matrices and dense prefill copies (the CPU GEMM's
-    /// fast path); on a GPU quantized blocks through candle's CUDA kernels, dense matrices in
-    /// bf16 and no f32 copies.
+    /// The layout for `spec`: on the CPU f32 dense matrices; on a GPU quantized blocks through
+    /// candle's CUDA kernels and dense matrices in bf16. Neither keeps f32 copies of quantized
+    /// blocks.
     pub fn for_device(spec: DeviceSpec) -> Result<Self> {
         Ok(match spec {
             DeviceSpec::Cpu => Self::default(),

@@ -92,20 +92,28 @@ fn gguf_f32_and_safetensors_give_the_same_logits() {
 
 #[test]
 fn incremental_decode_equals_full_forward() {
-    // Same arithmetic on both sides (dense f32, or Q8_0 mat-vec for every row), so any
-    // difference is the cache or the positions going wrong.
+    // Same arithmetic on both sides (dense f32, or the batch-invariant Q8_0 and Q4_K int8
+    // products for every row), so any difference is the cache or the positions going wrong.
     let quant_only = LoadOptions {
         dense_prefill: false,
         ..Default::default()
     };
     for arch in ARCHS {
-        for (dtype, opts) in [
-            (GgmlDType::F32, LoadOptions::default()),
-            (GgmlDType::Q8_0, quant_only.clone()),
+        // Q4_K needs rows of 256 values: a wider tiny model (its Q, K, V and gate, up stack
+        // into packed tiles; the LM head's rows end in a padded tile).
+        let wide = TinySpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinySpec::new(arch)
+        };
+        for (dtype, opts, spec) in [
+            (GgmlDType::F32, LoadOptions::default(), TinySpec::new(arch)),
+            (GgmlDType::Q8_0, quant_only.clone(), TinySpec::new(arch)),
+            (GgmlDType::Q4K, quant_only.clone(), wide),
         ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("m.gguf");
-            write_tiny_gguf(&path, &TinySpec::new(arch), dtype).unwrap();
+            write_tiny_gguf(&path, &spec, dtype).unwrap();
             let model = load_weights(&path, &opts).unwrap().transformer;
             let tokens = prompt(300, 2); // crosses the 256-row attention chunk
             let full = all_logits(&model, &tokens);
@@ -132,14 +140,14 @@ fn dense_prefill_copy_matches_quantized_path() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::Q8_0).unwrap();
-    let dense = load_weights(&path, &LoadOptions::default())
-        .unwrap()
-        .transformer;
-    let opts = LoadOptions {
-        dense_prefill: false,
+    let with_copies = LoadOptions {
+        dense_prefill: true,
         ..Default::default()
     };
-    let quant = load_weights(&path, &opts).unwrap().transformer;
+    let dense = load_weights(&path, &with_copies).unwrap().transformer;
+    let quant = load_weights(&path, &LoadOptions::default())
+        .unwrap()
+        .transformer;
     let tokens = prompt(24, 3);
     let (a, b) = (all_logits(&dense, &tokens), all_logits(&quant, &tokens));
     let diff = max_abs_diff(&a, &b);

@@ -2,6 +2,7 @@
 //! `cuda` feature) a CUDA implementation behind the same API.
 #![deny(unsafe_code)]
 
+pub mod attention_rows;
 pub mod causal_attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -10,6 +11,7 @@ pub mod cuda;
 pub mod cuda;
 pub mod entropy_window;
 pub mod error;
+pub mod kquant_matmul;
 pub mod launch;
 pub mod logits_reduce;
 pub mod paged_attention;
@@ -20,5 +22,9 @@ pub use error::{OpsError, Result};
 pub use logits_reduce::{
     logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
     LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
+};
+pub use kquant_matmul::{
+    kquant_matmul, kquant_matmul_quantized, kquant_matmul_slow, KQuantKernel, KQuantMatrix, KQuantType,
+    Q8KRows,
 };
 pub use q8_matmul::{q8_matmul, q8_matmul_quantized, q8_matmul_slow, Q8Kernel, Q8Matrix};

@@ -1,0 +1,471 @@
+//! `kquant_matmul`: f32 activations times GGML's K-quant weights (Q4_K, Q6_K), with no dense
+//! copy. The activations are quantized to Q8_K (GGML's `quantize_row_q8_K`) and each
+//! super-block's products run in integers (4- or 6-bit weights by int8 activations, times the
+//! 6- or 8-bit sub-block scales), which are exact, so every kernel (portable, AVX2, AVX-512) gives
+//! the same bits and a row gives the same bits alone as in a batch (the engine relies on it).
+//!
+//! Q4_K is re-laid out once into tiles of 16 rows (`packed_q4k`, its order of operations stated
+//! there). Q6_K is read from the file's own blocks and follows GGML's x86
+//! `ggml_vec_dot_q6_K_q8_K`: eight int32 lanes per super-block (lane l holds values 4l..4l+3 of
+//! every 32), each converted and fused-multiply-added with the super-block's scale into its own
+//! f32 lane, the lanes summed at the end in GGML's fixed tree.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::{OpsError, Result};
+
+mod blocks;
+mod cpu;
+mod packed_q4k;
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+/// Weight rows per parallel task: one packed Q4_K row tile.
+const TASK_ROWS: usize = packed_q4k::TILE_ROWS;
+/// Activation rows per register tile.
+const TILE_A: usize = 4;
+/// Activation rows reused against one task's weights before moving on.
+const ROW_CHUNK: usize = 16;
+
+/// A K-quant weight type `kquant_matmul` multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuantType {
+    /// 4-bit values, 6-bit scales and mins per 32, 4.5 bits per weight.
+    Q4K,
+    /// 6-bit values, int8 scales per 16, 6.5625 bits per weight.
+    Q6K,
+}
+
+impl KQuantType {
+    /// Bytes of one super-block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            KQuantType::Q4K => blocks::Q4K_BYTES,
+            KQuantType::Q6K => blocks::Q6K_BYTES,
+        }
+    }
+}
+
+/// The CPU kernel that runs the integer products; all give the same bits. `best()` takes the
+/// fastest this CPU runs, or the one `TRIAGE_KQUANT_KERNEL` names (`portable`, `avx2`,
+/// `avx512-vnni`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuantKernel {
+    /// A plain loop, for any CPU.
+    Portable,
+    /// x86 AVX2 + FMA: `maddubs` and `madd` per 32 values, as GGML's own.
+    Avx2,
+    /// AVX-512 VNNI: `vpdpbusd` over 16 packed Q4_K rows; two Q6_K chunks per register with
+    /// the scale multiply and accumulate in one `vpdpwssd`.
+    Avx512Vnni,
+}
+
+impl KQuantKernel {
+    /// The kernels this CPU can run, slowest first (detected once).
+    pub fn available() -> &'static [KQuantKernel] {
+        static AVAILABLE: std::sync::OnceLock<Vec<KQuantKernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(cpu::available)
+    }
+
+    /// The fastest kernel, or the one `TRIAGE_KQUANT_KERNEL` names when this CPU runs it.
+    pub fn best() -> KQuantKernel {
+        static BEST: std::sync::OnceLock<KQuantKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            std::env::var("TRIAGE_KQUANT_KERNEL")
+                .ok()
+                .and_then(|name| Self::from_name(&name))
+                .or_else(|| Self::available().last().copied())
+                .unwrap_or(KQuantKernel::Portable)
+        })
+    }
+
+    /// The kernel of this `name`, if this CPU runs it.
+    pub fn from_name(name: &str) -> Option<KQuantKernel> {
+        Self::available()
+            .iter()
+            .copied()
+            .find(|k| k.name() == name.trim())
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KQuantKernel::Portable => "portable",
+            KQuantKernel::Avx2 => "avx2",
+            KQuantKernel::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
+
+/// A row-major `[rows, cols]` matrix of K-quant weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KQuantMatrix {
+    ty: KQuantType,
+    rows: usize,
+    cols: usize,
+    data: KQuantData,
+}
+
+/// How a matrix's super-blocks are stored.
+#[derive(Debug, Clone, PartialEq)]
+enum KQuantData {
+    /// Q4_K in row tiles of 16.
+    PackedQ4K(packed_q4k::PackedQ4K),
+    /// Q6_K as GGML stores it: `[rows, cols / 256]` blocks of 210 bytes.
+    Q6K(Vec<u8>),
+}
+
+impl KQuantMatrix {
+    /// From GGML's bytes (e.g. a GGUF tensor's data), taken as they are.
+    pub fn from_ggml_bytes(ty: KQuantType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
+        check_cols(cols)?;
+        let want = rows * cols / QK_K * ty.block_bytes();
+        if bytes.len() != want {
+            return Err(OpsError::InvalidArgument(format!(
+                "{ty:?} [{rows}, {cols}] needs {want} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let data = match ty {
+            KQuantType::Q4K => {
+                KQuantData::PackedQ4K(packed_q4k::PackedQ4K::pack(rows, cols / QK_K, &bytes))
+            }
+            KQuantType::Q6K => KQuantData::Q6K(bytes),
+        };
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// The rows of `parts`, one matrix after the other (all of one type and width; Q4_K parts
+    /// but the last a whole number of 16-row tiles). Each output element keeps its own
+    /// accumulator, so the stacked product gives every part's bits.
+    pub fn stack_rows(parts: &[&KQuantMatrix]) -> Result<Self> {
+        let first = parts
+            .first()
+            .ok_or_else(|| OpsError::InvalidArgument("stacking no matrices".into()))?;
+        if let Some(bad) = parts
+            .iter()
+            .find(|p| p.ty != first.ty || p.cols != first.cols)
+        {
+            return Err(OpsError::InvalidArgument(format!(
+                "stacking {:?} [_, {}] with {:?} [_, {}]",
+                first.ty, first.cols, bad.ty, bad.cols
+            )));
+        }
+        let data = match &first.data {
+            KQuantData::PackedQ4K(_) => {
+                let (init, _) = parts.split_at(parts.len() - 1);
+                if let Some(bad) = init.iter().find(|p| p.rows % TASK_ROWS != 0) {
+                    return Err(OpsError::InvalidArgument(format!(
+                        "stacking Q4_K after {} rows (not a multiple of {TASK_ROWS})",
+                        bad.rows
+                    )));
+                }
+                let mut bytes = Vec::new();
+                for part in parts {
+                    if let KQuantData::PackedQ4K(p) = &part.data {
+                        bytes.extend_from_slice(&p.bytes);
+                    }
+                }
+                KQuantData::PackedQ4K(packed_q4k::PackedQ4K {
+                    nb: first.cols / QK_K,
+                    bytes,
+                })
+            }
+            KQuantData::Q6K(_) => KQuantData::Q6K(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.data {
+                        KQuantData::Q6K(bytes) => bytes.as_slice(),
+                        KQuantData::PackedQ4K(_) => &[],
+                    })
+                    .copied()
+                    .collect(),
+            ),
+        };
+        Ok(Self {
+            ty: first.ty,
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            data,
+        })
+    }
+
+    pub fn ty(&self) -> KQuantType {
+        self.ty
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The Q6_K super-blocks of row `row` (empty for packed Q4_K, which has no row bytes).
+    fn row(&self, row: usize) -> &[u8] {
+        match &self.data {
+            KQuantData::Q6K(bytes) => {
+                let len = self.cols / QK_K * blocks::Q6K_BYTES;
+                &bytes[row * len..(row + 1) * len]
+            }
+            KQuantData::PackedQ4K(_) => &[],
+        }
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn num_bytes(&self) -> usize {
+        match &self.data {
+            KQuantData::PackedQ4K(p) => p.bytes.len(),
+            KQuantData::Q6K(bytes) => bytes.len(),
+        }
+    }
+
+    /// The matrix as f32, as GGML's `dequantize_row_*` writes it.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (row, values) in out.chunks_exact_mut(self.cols).enumerate() {
+            for (b, dst) in values.chunks_exact_mut(QK_K).enumerate() {
+                match &self.data {
+                    KQuantData::PackedQ4K(p) => {
+                        let tile = p.tile(row / TASK_ROWS, b);
+                        packed_q4k::PackedQ4K::dequantize_row(tile, row % TASK_ROWS, dst)
+                    }
+                    KQuantData::Q6K(_) => {
+                        let block = &self.row(row)[b * blocks::Q6K_BYTES..][..blocks::Q6K_BYTES];
+                        blocks::dequantize_q6k(block, dst)
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Activation rows in Q8_K: per super-block of 256 one f32 scale, int8 values and the sums of
+/// each 16 of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q8KRows {
+    rows: usize,
+    cols: usize,
+    /// `[rows, cols / 256]`.
+    d: Vec<f32>,
+    /// `[rows, cols]`.
+    quants: Vec<i8>,
+    /// `[rows, cols / 16]`.
+    bsums: Vec<i16>,
+}
+
+impl Q8KRows {
+    /// Quantize row-major f32 `values` (`[rows, cols]`) exactly as GGML's `quantize_row_q8_K`.
+    pub fn quantize(rows: usize, cols: usize, values: &[f32]) -> Result<Self> {
+        check_cols(cols)?;
+        if values.len() != rows * cols {
+            return Err(OpsError::InvalidArgument(format!(
+                "{} values for a [{rows}, {cols}] matrix",
+                values.len()
+            )));
+        }
+        let mut quants = vec![0i8; rows * cols];
+        let mut bsums = vec![0i16; rows * cols / 16];
+        let mut d = vec![0f32; rows * cols / QK_K];
+        let mut by_block: Vec<(&[f32], &mut [i8], &mut [i16], &mut f32)> = values
+            .chunks_exact(QK_K)
+            .zip(quants.chunks_exact_mut(QK_K))
+            .zip(bsums.chunks_exact_mut(QK_K / 16))
+            .zip(d.iter_mut())
+            .map(|(((x, q), s), d)| (x, q, s, d))
+            .collect();
+        let quantize = |(x, q, s, d): &mut (&[f32], &mut [i8], &mut [i16], &mut f32)| {
+            **d = blocks::quantize_q8k(x, q, s)
+        };
+        if rows >= 4 {
+            let per_row = cols / QK_K;
+            crate::pool::for_each_chunk_mut(&mut by_block, per_row, |_, row| {
+                row.iter_mut().for_each(quantize)
+            });
+        } else {
+            by_block.iter_mut().for_each(quantize);
+        }
+        Ok(Self {
+            rows,
+            cols,
+            d,
+            quants,
+            bsums,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `row` alone (for batch-invariance checks and callers that split a batch).
+    pub fn row(&self, row: usize) -> Q8KRows {
+        let nb = self.cols / QK_K;
+        Q8KRows {
+            rows: 1,
+            cols: self.cols,
+            d: self.d[row * nb..(row + 1) * nb].to_vec(),
+            quants: self.quants[row * self.cols..(row + 1) * self.cols].to_vec(),
+            bsums: self.bsums[row * self.cols / 16..(row + 1) * self.cols / 16].to_vec(),
+        }
+    }
+
+    /// The rows as f32 (scale times value): what the products see.
+    pub fn dequantize(&self) -> Vec<f32> {
+        self.quants
+            .chunks_exact(QK_K)
+            .zip(&self.d)
+            .flat_map(|(q, &d)| q.iter().map(move |&v| d * v as f32))
+            .collect()
+    }
+}
+
+/// A tile's activation rows: `[rows, nb]` scales, `[rows, nb · 256]` values,
+/// `[rows, nb · 16]` sums of 16.
+struct Acts<'a> {
+    nb: usize,
+    d: &'a [f32],
+    quants: &'a [i8],
+    bsums: &'a [i16],
+}
+
+impl Acts<'_> {
+    /// Row `c`'s super-block `b`: scale, values, sums of 16.
+    fn block(&self, c: usize, b: usize) -> (f32, &[i8], &[i16]) {
+        let at = c * self.nb + b;
+        (
+            self.d[at],
+            &self.quants[at * QK_K..(at + 1) * QK_K],
+            &self.bsums[at * 16..(at + 1) * 16],
+        )
+    }
+}
+
+fn check_cols(cols: usize) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(QK_K) {
+        return Err(OpsError::InvalidArgument(format!(
+            "K-quant rows need a positive multiple of {QK_K} columns, got {cols}"
+        )));
+    }
+    Ok(())
+}
+
+/// `x Wᵀ` for `x` `[m, k]` (f32, CPU) and `w` `[n, k]`: `[m, n]` f32.
+pub fn kquant_matmul(x: &Tensor, w: &KQuantMatrix) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    if k != w.cols {
+        return Err(OpsError::InvalidArgument(format!(
+            "kquant_matmul: x has {k} columns, the weights {}",
+            w.cols
+        )));
+    }
+    if !x.device().is_cpu() {
+        return Err(OpsError::InvalidArgument(
+            "kquant_matmul runs on CPU tensors".into(),
+        ));
+    }
+    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let a = Q8KRows::quantize(m, k, &values)?;
+    let out = kquant_matmul_quantized(&a, w, KQuantKernel::best())?;
+    Ok(Tensor::from_vec(out, (m, w.rows), &Device::Cpu)?)
+}
+
+/// `a Wᵀ` for already quantized activations: `[a.rows, w.rows]` row-major, with `kernel` (one of
+/// `KQuantKernel::available()`; another falls back to `Portable`).
+pub fn kquant_matmul_quantized(
+    a: &Q8KRows,
+    w: &KQuantMatrix,
+    kernel: KQuantKernel,
+) -> Result<Vec<f32>> {
+    if a.cols != w.cols {
+        return Err(OpsError::InvalidArgument(format!(
+            "kquant_matmul: activations of {} columns, weights of {}",
+            a.cols, w.cols
+        )));
+    }
+    let kernel = if KQuantKernel::available().contains(&kernel) {
+        kernel
+    } else {
+        KQuantKernel::Portable
+    };
+    let (m, n) = (a.rows, w.rows);
+    let mut out = vec![0f32; m * n];
+    let shared = SharedOut(out.as_mut_ptr());
+    // Each task owns output columns `task * TASK_ROWS..` (weight rows) of every row, on candle's
+    // pool like every triage op (see `pool.rs`).
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(TASK_ROWS), |range| {
+        let mut tile = [0f32; TASK_ROWS * ROW_CHUNK];
+        for task in range {
+            let w0 = task * TASK_ROWS;
+            let num_w = TASK_ROWS.min(n - w0);
+            for a0 in (0..m).step_by(ROW_CHUNK) {
+                let num_a = ROW_CHUNK.min(m - a0);
+                cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, &mut tile);
+                for (i, row) in (a0..a0 + num_a).enumerate() {
+                    for r in 0..num_w {
+                        // SAFETY: `row < m` and `w0 + r < n`, so the index is inside `out`
+                        // (`m * n` values), which outlives the pool call; each task index comes
+                        // once, so no other thread writes columns `w0..w0 + num_w`.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            *shared.at(row * n + w0 + r) = tile[r * num_a + i]
+                        };
+                    }
+                }
+            }
+        }
+    });
+    Ok(out)
+}
+
+/// The output buffer, written by the pool's tasks at disjoint columns.
+struct SharedOut(*mut f32);
+
+// SAFETY: the pointer is only dereferenced at indices a single task owns (see the write above).
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Taking `&self` (not the field) makes closures capture the `Sync` wrapper.
+    fn at(&self, index: usize) -> *mut f32 {
+        self.0.wrapping_add(index)
+    }
+}
+
+/// Reference: GGML's Q8_K quantization written with basic tensor ops (per 256 values the signed
+/// value of largest magnitude, scale −127 / it, round half to even, cap at 127), then a plain
+/// f32 matmul against the dequantized weights.
+pub fn kquant_matmul_slow(x: &Tensor, w: &KQuantMatrix) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    check_cols(k)?;
+    let blocks = x.to_dtype(DType::F32)?.reshape((m, k / QK_K, QK_K))?;
+    let idx = blocks.abs()?.argmax_keepdim(2)?;
+    let max = blocks.gather(&idx, 2)?;
+    // All-zero blocks: any finite scale works (their values stay 0).
+    let safe = max.eq(0f32)?.where_cond(&max.ones_like()?, &max)?;
+    let iscale = safe.recip()?.affine(-127.0, 0.0)?;
+    let q = round_half_even(&blocks.broadcast_mul(&iscale)?)?.clamp(-128f32, 127f32)?;
+    let xq = q.broadcast_mul(&iscale.recip()?)?.reshape((m, k))?;
+    let wf = Tensor::from_vec(w.dequantize(), (w.rows, w.cols), x.device())?;
+    Ok(xq.matmul(&wf.t()?)?)
+}
+
+/// Round half to even with tensor ops: `round` (halves away from zero), then one step back
+/// toward zero where `x` was exactly halfway and the result is odd.
+fn round_half_even(x: &Tensor) -> Result<Tensor> {
+    let r = x.round()?;
+    let halfway = (x - x.floor()?)?.eq(0.5f32)?;
+    let odd = (r.affine(0.5, 0.0)?.floor()?.affine(2.0, 0.0)? - &r)?.ne(0f32)?;
+    let toward_zero = (&r - r.sign()?)?;
+    let fix = halfway.mul(&odd)?;
+    Ok(fix.where_cond(&toward_zero, &r)?)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,148 @@
+//! x86 kernels of the packed Q4_K layout: one row tile (16 rows) against `C` activation rows.
+//! AVX-512 VNNI: one `vpdpbusd` per 4 values of all 16 rows. AVX2: `maddubs` and `madd` per 4
+//! values of 8 rows, the tile in two halves. Both form the module's exact integer sums.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::super::{Acts, TILE_A};
+use super::{PackedQ4K, DMIN_AT, D_AT, MINS_AT, QS_AT, SCALES_AT, TILE_BYTES, TILE_ROWS};
+
+/// The 4-byte activation group at `p`, broadcast.
+#[inline(always)]
+unsafe fn group(p: *const i8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+/// Row tile `t` against activation rows `c0..c0 + C`: `out[c][r]`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VNNI, AVX2, FMA and F16C; `t` is a row tile of `w` and `act`
+/// holds rows `c0..c0 + C` of `w.nb` super-blocks.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn tile_vnni<const C: usize>(
+    w: &PackedQ4K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let m4 = _mm512_set1_epi8(0xF);
+    let mut acc = [_mm512_setzero_ps(); C];
+    for b in 0..w.nb {
+        let tile = w.tile(t, b).as_ptr();
+        let mut s1 = [_mm512_setzero_si512(); C];
+        for s in 0..8 {
+            let mut p = [_mm512_setzero_si512(); C];
+            for g in 0..4 {
+                let at = QS_AT + (4 * s + g) * 64;
+                // The next super-block's tile (contiguous) streams in while this one computes.
+                _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                let wv = _mm512_loadu_si512(tile.add(at) as *const _);
+                let lo = _mm512_and_si512(wv, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+                for c in 0..C {
+                    let q8 = act.quants.as_ptr().add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
+                    p[c] = _mm512_dpbusd_epi32(p[c], lo, _mm512_set1_epi32(group(q8)));
+                    p[c] = _mm512_dpbusd_epi32(p[c], hi, _mm512_set1_epi32(group(q8.add(4))));
+                }
+            }
+            let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(tile.add(SCALES_AT + 16 * s) as *const __m128i));
+            for c in 0..C {
+                s1[c] = _mm512_add_epi32(s1[c], _mm512_mullo_epi32(p[c], sc));
+            }
+        }
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(D_AT) as *const __m256i));
+        let dminv = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(DMIN_AT) as *const __m256i));
+        for c in 0..C {
+            let (ya, _, bsums) = act.block(c0 + c, b);
+            let mut s2 = _mm512_setzero_si512();
+            for s in 0..8 {
+                let m = _mm512_cvtepu8_epi32(_mm_loadu_si128(tile.add(MINS_AT + 16 * s) as *const __m128i));
+                let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+                s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(m, _mm512_set1_epi32(a)));
+            }
+            let y = _mm512_set1_ps(ya);
+            let s1f = _mm512_cvtepi32_ps(s1[c]);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dv, y), s1f, acc[c]);
+            acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(dminv, y), _mm512_cvtepi32_ps(s2), acc[c]);
+        }
+    }
+    for c in 0..C {
+        _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+    }
+}
+
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 2`: AVX2 has 16 registers), one
+/// 8-row half at a time: `out[c][r]`.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; as for `tile_vnni` otherwise.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn tile_avx2<const C: usize>(
+    w: &PackedQ4K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..w.nb {
+            let tile = w.tile(t, b).as_ptr();
+            let mut s1 = [_mm256_setzero_si256(); C];
+            for s in 0..8 {
+                let mut p = [_mm256_setzero_si256(); C];
+                for g in 0..4 {
+                    let at = QS_AT + (4 * s + g) * 64 + 32 * h;
+                    _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                    let wv = _mm256_loadu_si256(tile.add(at) as *const __m256i);
+                    let lo = _mm256_and_si256(wv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    for c in 0..C {
+                        let q8 = act.quants.as_ptr().add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
+                        // Pairs of products in int16 (at most 2 · 15 · 127 each, twice), then
+                        // the row's four summed in int32.
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(group(q8))),
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(group(q8.add(4)))),
+                        );
+                        p[c] = _mm256_add_epi32(p[c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i,
+                ));
+                for c in 0..C {
+                    s1[c] = _mm256_add_epi32(s1[c], _mm256_mullo_epi32(p[c], sc));
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
+            let dminv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
+            for c in 0..C {
+                let (ya, _, bsums) = act.block(c0 + c, b);
+                let mut s2 = _mm256_setzero_si256();
+                for s in 0..8 {
+                    let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                        tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i,
+                    ));
+                    let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+                    s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
+                }
+                let y = _mm256_set1_ps(ya);
+                let s1f = _mm256_cvtepi32_ps(s1[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, y), s1f, acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dminv, y), _mm256_cvtepi32_ps(s2), acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * h), acc[c]);
+        }
+    }
+}
