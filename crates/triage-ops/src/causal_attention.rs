@@ -17,20 +17,26 @@ fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// (`[kv_heads, total, d]`, the queries being the last `n` of the `total` positions).
 /// Returns `[n, heads * d]`.
 pub fn causal_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    causal_attention_kt(q, &k.t()?.contiguous()?, &v.contiguous()?)
+}
+
+/// [`causal_attention`] with the keys already transposed (`k_t`: `[kv_heads, d, total]`). `k_t`
+/// and `v` may be views into larger buffers (a cache narrowed to its filled positions): the
+/// matrix products read them in place, so a decode step costs its own keys, not a copy of the
+/// cache.
+pub fn causal_attention_kt(q: &Tensor, k_t: &Tensor, v: &Tensor) -> Result<Tensor> {
     let (num_heads, n, head_dim) = q.dims3()?;
-    let (kv_heads, total, _) = k.dims3()?;
-    if kv_heads == 0 || num_heads % kv_heads != 0 || total < n {
+    let (kv_heads, kd, total) = k_t.dims3()?;
+    if kv_heads == 0 || num_heads % kv_heads != 0 || total < n || kd != head_dim {
         return Err(OpsError::InvalidArgument(format!(
-            "attention shapes: q {:?}, k {:?}",
+            "attention shapes: q {:?}, k transposed {:?}",
             q.dims(),
-            k.dims()
+            k_t.dims()
         )));
     }
     let groups = num_heads / kv_heads;
     let past = total - n;
     let scale = 1.0 / (head_dim as f64).sqrt();
-    let k_t = k.t()?.contiguous()?; // [kv_heads, d, total]
-    let v = v.contiguous()?;
     // Heads sharing a KV head are adjacent: view q as [kv_heads, groups * rows, d] so K/V are
     // never copied per head.
     let q = q.reshape((kv_heads, groups, n, head_dim))?;

@@ -291,13 +291,13 @@ pub fn reshape_and_cache_slow(cache: &Tensor, rows: &Tensor, slots: &[u32]) -> R
     Ok(flat.reshape((num_blocks, block_size, kv_heads, head_dim))?)
 }
 
-pub(crate) fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
+fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
     match storage {
         Storage::Cpu(CpuStorage::F32(v)) if layout.is_contiguous() => {
             Ok(&v[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
         }
         _ => Err(OpsError::InvalidArgument(
-            "attention: contiguous f32 CPU tensors only".into(),
+            "paged_attention: contiguous f32 CPU tensors only".into(),
         )),
     }
 }
