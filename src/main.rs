@@ -527,7 +527,9 @@ fn models_list() -> Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
+    let load_start = std::time::Instant::now();
     let model = load(&args.model, args.device)?;
+    let load_ms = load_start.elapsed().as_secs_f64() * 1e3;
     let prompt = match (args.prompt, args.chat) {
         (Some(text), _) => Prompt::Text(text),
         (None, Some(chat)) => Prompt::Chat(vec![ChatMessage::user(chat)]),
@@ -571,6 +573,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
             "tokens": tokens,
             "mean_entropy": output.mean_entropy,
             "timings": output.timings,
+            "load_ms": load_ms,
         });
         writeln!(stdout, "{value}")?;
     } else {

@@ -39,14 +39,6 @@ pub(super) fn q4k_scales_mins(block: &[u8]) -> [u8; 16] {
     out
 }
 
-/// Q4_K value `i` (0..256) of a super-block, 0..=15, and the sub-block (of 32) it belongs to.
-pub(super) fn q4k_value(block: &[u8], i: usize) -> (u8, usize) {
-    let (group, within) = (i / 64, i % 64);
-    let byte = block[Q4K_QS + 32 * group + within % 32];
-    let value = if within < 32 { byte & 0xF } else { byte >> 4 };
-    (value, i / 32)
-}
-
 /// Q6_K value `i` (0..256) of a super-block, 0..=63 (the stored value, before the −32), and the
 /// scale (of 16) it belongs to.
 pub(super) fn q6k_value(block: &[u8], i: usize) -> (u8, usize) {

@@ -10,7 +10,7 @@
 //! integers do not depend on how a kernel forms them, so every kernel gives the same bits, and a
 //! row gives the same bits alone as in a batch.
 
-use super::blocks::{self, Q4K_BYTES};
+use super::blocks::{self, Q4K_BYTES, Q4K_QS};
 use super::{Acts, QK_K};
 
 /// Rows per tile.
@@ -33,11 +33,12 @@ pub(super) struct PackedQ4K {
 }
 
 impl PackedQ4K {
-    /// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes).
+    /// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes); row tiles are packed in
+    /// parallel on the pool.
     pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> Self {
         let num_tiles = rows.div_ceil(TILE_ROWS);
         let mut bytes = vec![0u8; num_tiles * nb * TILE_BYTES];
-        for (t, tile_row) in bytes.chunks_exact_mut(nb * TILE_BYTES).enumerate() {
+        crate::pool::for_each_chunk_mut(&mut bytes, nb * TILE_BYTES, |t, tile_row| {
             for (b, tile) in tile_row.chunks_exact_mut(TILE_BYTES).enumerate() {
                 for r in 0..TILE_ROWS.min(rows - t * TILE_ROWS) {
                     let row = t * TILE_ROWS + r;
@@ -45,7 +46,7 @@ impl PackedQ4K {
                     pack_row(block, r, tile);
                 }
             }
-        }
+        });
         Self { nb, bytes }
     }
 
@@ -88,10 +89,16 @@ fn pack_row(block: &[u8], r: usize, tile: &mut [u8]) {
         tile[SCALES_AT + TILE_ROWS * s + r] = sm[s];
         tile[MINS_AT + TILE_ROWS * s + r] = sm[8 + s];
     }
+    // GGML keeps values 64k..64k+31 in the low nibbles of bytes 32k..32k+31 and 64k+32..64k+63
+    // in their high nibbles; a packed group of 8 values lies inside one such run of 32.
+    let qs = &block[Q4K_QS..];
     for group in 0..QK_K / 8 {
+        let first = 8 * group;
+        let byte0 = 32 * (first / 64) + first % 32;
+        let shift = if first % 64 < 32 { 0 } else { 4 };
         for j in 0..4 {
-            let (lo, _) = blocks::q4k_value(block, 8 * group + j);
-            let (hi, _) = blocks::q4k_value(block, 8 * group + 4 + j);
+            let lo = (qs[byte0 + j] >> shift) & 0xF;
+            let hi = (qs[byte0 + 4 + j] >> shift) & 0xF;
             tile[QS_AT + (group * TILE_ROWS + r) * 4 + j] = lo | (hi << 4);
         }
     }
