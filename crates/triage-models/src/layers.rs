@@ -78,8 +78,7 @@ impl Linear {
                 if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
                     q8 = Some(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, &q.data()?)?));
                 } else if q.dtype() == GgmlDType::Q4K && device.is_cpu() {
-                    let bytes = q.data()?.into_owned();
-                    let m = KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, rows, cols, bytes)?;
+                    let m = KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, rows, cols, &q.data()?)?;
                     kquant = Some(Arc::new(m));
                 } else {
                     quantized = Some(QMatMul::from_arc(q)?);

@@ -53,8 +53,8 @@ fn main() {
             KQuantType::Q6K => GgmlDType::Q6K,
         };
         let q = QTensor::quantize(&random(n, k, &mut rng), ggml).expect("quantize");
-        let ours = KQuantMatrix::from_ggml_bytes(ty, n, k, q.data().expect("bytes").to_vec())
-            .expect("blocks");
+        let ours =
+            KQuantMatrix::from_ggml_bytes(ty, n, k, &q.data().expect("bytes")).expect("blocks");
         let dense = q.dequantize(&Device::Cpu).expect("dequantize");
         let candle = QMatMul::from_qtensor(q).expect("qmatmul");
         let inputs: Vec<Tensor> = ROWS.iter().map(|&m| random(m, k, &mut rng)).collect();

@@ -115,8 +115,8 @@ enum KQuantData {
 }
 
 impl KQuantMatrix {
-    /// From GGML's bytes (e.g. a GGUF tensor's data), taken as they are.
-    pub fn from_ggml_bytes(ty: KQuantType, rows: usize, cols: usize, bytes: Vec<u8>) -> Result<Self> {
+    /// From GGML's bytes (e.g. a GGUF tensor's data): Q4_K is packed from them, Q6_K copied.
+    pub fn from_ggml_bytes(ty: KQuantType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
         check_cols(cols)?;
         let want = rows * cols / QK_K * ty.block_bytes();
         if bytes.len() != want {
@@ -127,9 +127,9 @@ impl KQuantMatrix {
         }
         let data = match ty {
             KQuantType::Q4K => {
-                KQuantData::PackedQ4K(packed_q4k::PackedQ4K::pack(rows, cols / QK_K, &bytes))
+                KQuantData::PackedQ4K(packed_q4k::PackedQ4K::pack(rows, cols / QK_K, bytes))
             }
-            KQuantType::Q6K => KQuantData::Q6K(bytes),
+            KQuantType::Q6K => KQuantData::Q6K(bytes.to_vec()),
         };
         Ok(Self {
             ty,

@@ -19,12 +19,12 @@ mod pool;
 pub mod q8_matmul;
 
 pub use error::{OpsError, Result};
+pub use kquant_matmul::{
+    kquant_matmul, kquant_matmul_quantized, kquant_matmul_slow, KQuantKernel, KQuantMatrix,
+    KQuantType, Q8KRows,
+};
 pub use logits_reduce::{
     logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
     LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
-};
-pub use kquant_matmul::{
-    kquant_matmul, kquant_matmul_quantized, kquant_matmul_slow, KQuantKernel, KQuantMatrix, KQuantType,
-    Q8KRows,
 };
 pub use q8_matmul::{q8_matmul, q8_matmul_quantized, q8_matmul_slow, Q8Kernel, Q8Matrix};

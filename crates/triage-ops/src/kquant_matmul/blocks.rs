@@ -28,12 +28,22 @@ pub(super) fn q4k_scales_mins(block: &[u8]) -> [u8; 16] {
     const LOW6: u32 = 0x3F3F_3F3F;
     const LOW4: u32 = 0x0F0F_0F0F;
     const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| u32::from_le_bytes([block[4 + 4 * i], block[5 + 4 * i], block[6 + 4 * i], block[7 + 4 * i]]);
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            block[4 + 4 * i],
+            block[5 + 4 * i],
+            block[6 + 4 * i],
+            block[7 + 4 * i],
+        ])
+    };
     let (w0, w1, w2) = (word(0), word(1), word(2));
     let scales_hi = (w2 & LOW4) | (((w0 >> 6) & LOW2) << 4);
     let mins_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & LOW2) << 4);
     let mut out = [0u8; 16];
-    for (dst, w) in out.chunks_exact_mut(4).zip([w0 & LOW6, scales_hi, w1 & LOW6, mins_hi]) {
+    for (dst, w) in out
+        .chunks_exact_mut(4)
+        .zip([w0 & LOW6, scales_hi, w1 & LOW6, mins_hi])
+    {
         dst.copy_from_slice(&w.to_le_bytes());
     }
     out
@@ -124,7 +134,13 @@ mod tests {
             assert!((d * q[i] as f32 - v).abs() <= d.abs() * 0.5 + 1e-6, "{i}");
         }
         for (j, &s) in sums.iter().enumerate() {
-            assert_eq!(s, q[16 * j..16 * j + 16].iter().map(|&v| v as i16).sum::<i16>());
+            assert_eq!(
+                s,
+                q[16 * j..16 * j + 16]
+                    .iter()
+                    .map(|&v| v as i16)
+                    .sum::<i16>()
+            );
         }
         let d0 = quantize_q8k(&[0.0; QK_K], &mut q, &mut sums);
         assert_eq!((d0, q.iter().any(|&v| v != 0)), (0.0, false));

@@ -96,11 +96,12 @@ fn pack_row(block: &[u8], r: usize, tile: &mut [u8]) {
         let first = 8 * group;
         let byte0 = 32 * (first / 64) + first % 32;
         let shift = if first % 64 < 32 { 0 } else { 4 };
-        for j in 0..4 {
-            let lo = (qs[byte0 + j] >> shift) & 0xF;
-            let hi = (qs[byte0 + 4 + j] >> shift) & 0xF;
-            tile[QS_AT + (group * TILE_ROWS + r) * 4 + j] = lo | (hi << 4);
-        }
+        // The group's eight nibbles: bytes byte0..byte0 + 8, one word.
+        let word = u64::from_le_bytes(qs[byte0..byte0 + 8].try_into().expect("8 bytes"));
+        let nibbles = (word >> shift) & 0x0F0F_0F0F_0F0F_0F0F;
+        let packed = (nibbles as u32) | (((nibbles >> 32) as u32) << 4);
+        let at = QS_AT + (group * TILE_ROWS + r) * 4;
+        tile[at..at + 4].copy_from_slice(&packed.to_le_bytes());
     }
 }
 

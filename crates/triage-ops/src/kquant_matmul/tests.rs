@@ -29,7 +29,7 @@ fn tensor(rows: usize, cols: usize, seed: u32) -> Tensor {
 fn weights(ty: GgmlDType, rows: usize, cols: usize, seed: u32) -> (QTensor, KQuantMatrix) {
     let q = QTensor::quantize(&tensor(rows, cols, seed), ty).unwrap();
     let ours_ty = TYPES.iter().find(|(_, g)| *g == ty).unwrap().0;
-    let m = KQuantMatrix::from_ggml_bytes(ours_ty, rows, cols, q.data().unwrap().to_vec()).unwrap();
+    let m = KQuantMatrix::from_ggml_bytes(ours_ty, rows, cols, &q.data().unwrap()).unwrap();
     (q, m)
 }
 
@@ -82,8 +82,14 @@ fn products_match_the_slow_reference_and_candles_quantized_matmul() {
         // activations the same way but sums in its own order.
         let scale = 512.0 * 0.25;
         for ((o, s), c) in ours.iter().zip(&slow).zip(&candle) {
-            assert!((o - s).abs() <= 1e-4 * scale, "{ty:?}: ours {o} vs slow {s}");
-            assert!((o - c).abs() <= 1e-4 * scale, "{ty:?}: ours {o} vs candle {c}");
+            assert!(
+                (o - s).abs() <= 1e-4 * scale,
+                "{ty:?}: ours {o} vs slow {s}"
+            );
+            assert!(
+                (o - c).abs() <= 1e-4 * scale,
+                "{ty:?}: ours {o} vs candle {c}"
+            );
         }
     }
 }
@@ -98,7 +104,11 @@ fn a_row_gets_the_same_bits_alone_as_in_a_batch_with_every_kernel() {
             let batch = kquant_matmul_quantized(&a, &w, kernel).unwrap();
             for row in [0, 1, 63, 64, 69] {
                 let alone = kquant_matmul_quantized(&a.row(row), &w, kernel).unwrap();
-                assert_eq!(alone, batch[row * 37..(row + 1) * 37], "{kernel:?}, row {row}");
+                assert_eq!(
+                    alone,
+                    batch[row * 37..(row + 1) * 37],
+                    "{kernel:?}, row {row}"
+                );
             }
         }
     }
@@ -118,14 +128,23 @@ fn a_stacked_product_is_its_parts_side_by_side() {
         let both = kquant_matmul_quantized(&a, &stacked, kernel).unwrap();
         let n = top_rows + 3;
         for row in 0..6 {
-            assert_eq!(both[row * n..row * n + top_rows], t[row * top_rows..(row + 1) * top_rows]);
-            assert_eq!(both[row * n + top_rows..(row + 1) * n], b[row * 3..row * 3 + 3]);
+            assert_eq!(
+                both[row * n..row * n + top_rows],
+                t[row * top_rows..(row + 1) * top_rows]
+            );
+            assert_eq!(
+                both[row * n + top_rows..(row + 1) * n],
+                b[row * 3..row * 3 + 3]
+            );
         }
         assert_eq!(stacked.dequantize()[..top_rows * 256], top.dequantize()[..]);
     }
     let (_, q4) = weights(GgmlDType::Q4K, 5, 256, 8);
     let (_, q6) = weights(GgmlDType::Q6K, 2, 256, 11);
-    assert!(KQuantMatrix::stack_rows(&[&q4, &q4]).is_err(), "5 rows do not fill a tile");
+    assert!(
+        KQuantMatrix::stack_rows(&[&q4, &q4]).is_err(),
+        "5 rows do not fill a tile"
+    );
     assert!(KQuantMatrix::stack_rows(&[&q6, &q4]).is_err());
     assert!(KQuantMatrix::stack_rows(&[]).is_err());
 }
@@ -148,10 +167,12 @@ fn extreme_blocks_do_not_saturate_any_kernel() {
         *s = if i % 2 == 0 { 0x80 } else { 0x7F };
     }
     q6[208..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-    let x: Vec<f32> = (0..2 * QK_K).map(|i| if i % 5 < 2 { 1.0 } else { -1.0 }).collect();
+    let x: Vec<f32> = (0..2 * QK_K)
+        .map(|i| if i % 5 < 2 { 1.0 } else { -1.0 })
+        .collect();
     let a = Q8KRows::quantize(2, QK_K, &x).unwrap();
     for (ty, block) in [(KQuantType::Q4K, q4), (KQuantType::Q6K, q6)] {
-        let w = KQuantMatrix::from_ggml_bytes(ty, 1, QK_K, block).unwrap();
+        let w = KQuantMatrix::from_ggml_bytes(ty, 1, QK_K, &block).unwrap();
         let (wf, af) = (w.dequantize(), a.dequantize());
         for &kernel in KQuantKernel::available() {
             let out = kquant_matmul_quantized(&a, &w, kernel).unwrap();
@@ -172,8 +193,8 @@ const Q6K_SCALES_AT: usize = blocks::Q6K_SCALES;
 
 #[test]
 fn bad_shapes_are_errors() {
-    assert!(KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, 1, 100, vec![0; 144]).is_err());
-    assert!(KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, 1, 256, vec![0; 143]).is_err());
+    assert!(KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, 1, 100, &[0; 144]).is_err());
+    assert!(KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, 1, 256, &[0; 143]).is_err());
     let (_, w) = weights(GgmlDType::Q6K, 2, 512, 12);
     assert!(kquant_matmul(&tensor(2, 256, 1), &w).is_err());
     assert!(Q8KRows::quantize(1, 256, &[0.0; 255]).is_err());

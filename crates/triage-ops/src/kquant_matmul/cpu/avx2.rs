@@ -85,12 +85,16 @@ pub(super) unsafe fn q6k<const R: usize, const C: usize>(
                     _mm256_setr_m128i(_mm_set1_epi16(*s as i16), _mm_set1_epi16(*s.add(1) as i16))
                 });
                 for c in 0..C {
-                    let q8 = act.quants.as_ptr().add(((c0 + c) * act.nb + b) * 256 + 128 * half + 32 * k);
+                    let q8 = act
+                        .quants
+                        .as_ptr()
+                        .add(((c0 + c) * act.nb + b) * 256 + 128 * half + 32 * k);
                     let a = _mm256_loadu_si256(q8 as *const __m256i);
                     let offset = _mm256_maddubs_epi16(m32, a);
                     for r in 0..R {
                         let prod = _mm256_sub_epi16(_mm256_maddubs_epi16(chunks[r][k], a), offset);
-                        sumi[r][c] = _mm256_add_epi32(sumi[r][c], _mm256_madd_epi16(scale[r], prod));
+                        sumi[r][c] =
+                            _mm256_add_epi32(sumi[r][c], _mm256_madd_epi16(scale[r], prod));
                     }
                 }
             }

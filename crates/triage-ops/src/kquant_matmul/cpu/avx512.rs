@@ -90,8 +90,13 @@ macro_rules! avx512_tiles {
                             for r in 0..R {
                                 let p = sb[r].as_ptr();
                                 let ql = _mm512_loadu_si512(p.add(64 * half) as *const _);
-                                let ql = if pair == 0 { ql } else { _mm512_srli_epi16(ql, 4) };
-                                let qh = _mm256_loadu_si256(p.add(Q6K_QH + 32 * half) as *const __m256i);
+                                let ql = if pair == 0 {
+                                    ql
+                                } else {
+                                    _mm512_srli_epi16(ql, 4)
+                                };
+                                let qh =
+                                    _mm256_loadu_si256(p.add(Q6K_QH + 32 * half) as *const __m256i);
                                 let high = _mm512_srlv_epi16(join(qh, qh), shifts[pair]);
                                 let high = _mm512_slli_epi16(_mm512_and_si512(high, m2), 4);
                                 q[r] = _mm512_or_si512(_mm512_and_si512(ql, m4), high);
@@ -100,9 +105,10 @@ macro_rules! avx512_tiles {
                                 scale[r] = _mm512_permutexvar_epi16(index, s);
                             }
                             for c in 0..C {
-                                let q8 = act.quants.as_ptr().add(
-                                    ((c0 + c) * act.nb + b) * 256 + 128 * half + 64 * pair,
-                                );
+                                let q8 = act
+                                    .quants
+                                    .as_ptr()
+                                    .add(((c0 + c) * act.nb + b) * 256 + 128 * half + 64 * pair);
                                 let a = _mm512_loadu_si512(q8 as *const _);
                                 let offset = _mm512_maddubs_epi16(m32, a);
                                 for r in 0..R {
@@ -131,4 +137,8 @@ macro_rules! avx512_tiles {
     };
 }
 
-avx512_tiles!(vnni, "avx512f,avx512bw,avx512vnni,avx2,fma,f16c", madd_add_vnni);
+avx512_tiles!(
+    vnni,
+    "avx512f,avx512bw,avx512vnni,avx2,fma,f16c",
+    madd_add_vnni
+);

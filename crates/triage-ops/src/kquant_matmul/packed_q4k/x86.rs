@@ -44,12 +44,17 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
                 let lo = _mm512_and_si512(wv, m4);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
                 for c in 0..C {
-                    let q8 = act.quants.as_ptr().add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
+                    let q8 = act
+                        .quants
+                        .as_ptr()
+                        .add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
                     p[c] = _mm512_dpbusd_epi32(p[c], lo, _mm512_set1_epi32(group(q8)));
                     p[c] = _mm512_dpbusd_epi32(p[c], hi, _mm512_set1_epi32(group(q8.add(4))));
                 }
             }
-            let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(tile.add(SCALES_AT + 16 * s) as *const __m128i));
+            let sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                tile.add(SCALES_AT + 16 * s) as *const __m128i
+            ));
             for c in 0..C {
                 s1[c] = _mm512_add_epi32(s1[c], _mm512_mullo_epi32(p[c], sc));
             }
@@ -60,7 +65,9 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
             let (ya, _, bsums) = act.block(c0 + c, b);
             let mut s2 = _mm512_setzero_si512();
             for s in 0..8 {
-                let m = _mm512_cvtepu8_epi32(_mm_loadu_si128(tile.add(MINS_AT + 16 * s) as *const __m128i));
+                let m = _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                    tile.add(MINS_AT + 16 * s) as *const __m128i
+                ));
                 let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
                 s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(m, _mm512_set1_epi32(a)));
             }
@@ -106,7 +113,10 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                     let lo = _mm256_and_si256(wv, m4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
                     for c in 0..C {
-                        let q8 = act.quants.as_ptr().add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
+                        let q8 = act
+                            .quants
+                            .as_ptr()
+                            .add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
                         // Pairs of products in int16 (at most 2 · 15 · 127 each, twice), then
                         // the row's four summed in int32.
                         let pairs = _mm256_add_epi16(
@@ -124,7 +134,8 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                 }
             }
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
-            let dminv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
+            let dminv =
+                _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
             for c in 0..C {
                 let (ya, _, bsums) = act.block(c0 + c, b);
                 let mut s2 = _mm256_setzero_si256();
