@@ -151,12 +151,15 @@ fn check_model(name: &str, max_logit_diff: f32, strict_top5: bool) {
             .zip(&expected)
             .take_while(|(a, b)| a == b)
             .count();
-        let gap = steps.get(same).filter(|_| same < expected.len()).map(|step| {
-            step.top_logprobs
-                .iter()
-                .find(|(id, _)| *id == expected[same])
-                .map_or(f32::INFINITY, |(_, lp)| step.logprob - lp)
-        });
+        let gap = steps
+            .get(same)
+            .filter(|_| same < expected.len())
+            .map(|step| {
+                step.top_logprobs
+                    .iter()
+                    .find(|(id, _)| *id == expected[same])
+                    .map_or(f32::INFINITY, |(_, lp)| step.logprob - lp)
+            });
         eprintln!("{name}: {prompt:?}: logit diff {diff:.3}, greedy agrees on {same}/32, gap at the split {gap:?}");
         assert!(same >= 1, "{name}: first greedy token of {prompt:?}");
         identical += usize::from(same == expected.len());
