@@ -50,7 +50,7 @@ fn dense_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub struct Linear {
     /// Q8_0 weights on CPU, for triage's batch-invariant int8 kernel.
     q8: Option<Arc<Q8Matrix>>,
-    /// Q4_K weights on CPU, packed for triage's batch-invariant K-quant kernel.
+    /// Q4_K and Q6_K weights on CPU, packed for triage's batch-invariant K-quant kernel.
     kquant: Option<Arc<KQuantMatrix>>,
     /// Other block-quantized weights (or any off CPU), through candle.
     quantized: Option<QMatMul>,
@@ -77,8 +77,8 @@ impl Linear {
                 let (rows, cols) = q.shape().dims2()?;
                 if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
                     q8 = Some(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, &q.data()?)?));
-                } else if q.dtype() == GgmlDType::Q4K && device.is_cpu() {
-                    let m = KQuantMatrix::from_ggml_bytes(KQuantType::Q4K, rows, cols, &q.data()?)?;
+                } else if let Some(ty) = kquant_type(q.dtype()).filter(|_| device.is_cpu()) {
+                    let m = KQuantMatrix::from_ggml_bytes(ty, rows, cols, &q.data()?)?;
                     kquant = Some(Arc::new(m));
                 } else {
                     quantized = Some(QMatMul::from_arc(q)?);
@@ -286,6 +286,15 @@ impl Mlp {
                 crate::ModelError::Invalid("the MLP's gate_up has two parts".into())
             })?;
         self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
+    }
+}
+
+/// The K-quant type triage's own CPU kernel multiplies, if `dtype` is one.
+fn kquant_type(dtype: GgmlDType) -> Option<KQuantType> {
+    match dtype {
+        GgmlDType::Q4K => Some(KQuantType::Q4K),
+        GgmlDType::Q6K => Some(KQuantType::Q6K),
+        _ => None,
     }
 }
 

@@ -99,7 +99,7 @@ fn incremental_decode_equals_full_forward() {
         ..Default::default()
     };
     for arch in ARCHS {
-        // Q4_K needs rows of 256 values: a wider tiny model (its Q, K, V and gate, up stack
+        // K-quants need rows of 256 values: a wider tiny model (its Q, K, V and gate, up stack
         // into packed tiles; the LM head's rows end in a padded tile).
         let wide = TinySpec {
             hidden_size: 256,
@@ -109,7 +109,8 @@ fn incremental_decode_equals_full_forward() {
         for (dtype, opts, spec) in [
             (GgmlDType::F32, LoadOptions::default(), TinySpec::new(arch)),
             (GgmlDType::Q8_0, quant_only.clone(), TinySpec::new(arch)),
-            (GgmlDType::Q4K, quant_only.clone(), wide),
+            (GgmlDType::Q4K, quant_only.clone(), wide.clone()),
+            (GgmlDType::Q6K, quant_only.clone(), wide),
         ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("m.gguf");

@@ -4,11 +4,9 @@
 //! 6- or 8-bit sub-block scales), which are exact, so every kernel (portable, AVX2, AVX-512) gives
 //! the same bits and a row gives the same bits alone as in a batch (the engine relies on it).
 //!
-//! Q4_K is re-laid out once into tiles of 16 rows (`packed_q4k`, its order of operations stated
-//! there). Q6_K is read from the file's own blocks and follows GGML's x86
-//! `ggml_vec_dot_q6_K_q8_K`: eight int32 lanes per super-block (lane l holds values 4l..4l+3 of
-//! every 32), each converted and fused-multiply-added with the super-block's scale into its own
-//! f32 lane, the lanes summed at the end in GGML's fixed tree.
+//! Both types are re-laid out once, losslessly, into tiles of 16 rows (`packed_q4k`,
+//! `packed_q6k`, each stating its order of operations) whose products run 16 rows per
+//! `vpdpbusd`; the GGUF blocks are dropped after packing.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -17,11 +15,13 @@ use crate::{OpsError, Result};
 mod blocks;
 mod cpu;
 mod packed_q4k;
+mod packed_q6k;
+mod tiles;
 
 /// Values per K-quant super-block.
 pub const QK_K: usize = 256;
 /// Weight rows per parallel task: one packed Q4_K row tile.
-const TASK_ROWS: usize = packed_q4k::TILE_ROWS;
+const TASK_ROWS: usize = tiles::TILE_ROWS;
 /// Activation rows per register tile.
 const TILE_A: usize = 4;
 /// Activation rows reused against one task's weights before moving on.
@@ -110,8 +110,8 @@ pub struct KQuantMatrix {
 enum KQuantData {
     /// Q4_K in row tiles of 16.
     PackedQ4K(packed_q4k::PackedQ4K),
-    /// Q6_K as GGML stores it: `[rows, cols / 256]` blocks of 210 bytes.
-    Q6K(Vec<u8>),
+    /// Q6_K in row tiles of 16.
+    PackedQ6K(packed_q6k::PackedQ6K),
 }
 
 impl KQuantMatrix {
@@ -129,7 +129,9 @@ impl KQuantMatrix {
             KQuantType::Q4K => {
                 KQuantData::PackedQ4K(packed_q4k::PackedQ4K::pack(rows, cols / QK_K, bytes))
             }
-            KQuantType::Q6K => KQuantData::Q6K(bytes.to_vec()),
+            KQuantType::Q6K => {
+                KQuantData::PackedQ6K(packed_q6k::PackedQ6K::pack(rows, cols / QK_K, bytes))
+            }
         };
         Ok(Self {
             ty,
@@ -139,7 +141,7 @@ impl KQuantMatrix {
         })
     }
 
-    /// The rows of `parts`, one matrix after the other (all of one type and width; Q4_K parts
+    /// The rows of `parts`, one matrix after the other (all of one type and width, all parts
     /// but the last a whole number of 16-row tiles). Each output element keeps its own
     /// accumulator, so the stacked product gives every part's bits.
     pub fn stack_rows(parts: &[&KQuantMatrix]) -> Result<Self> {
@@ -155,36 +157,22 @@ impl KQuantMatrix {
                 first.ty, first.cols, bad.ty, bad.cols
             )));
         }
-        let data = match &first.data {
-            KQuantData::PackedQ4K(_) => {
-                let (init, _) = parts.split_at(parts.len() - 1);
-                if let Some(bad) = init.iter().find(|p| p.rows % TASK_ROWS != 0) {
-                    return Err(OpsError::InvalidArgument(format!(
-                        "stacking Q4_K after {} rows (not a multiple of {TASK_ROWS})",
-                        bad.rows
-                    )));
-                }
-                let mut bytes = Vec::new();
-                for part in parts {
-                    if let KQuantData::PackedQ4K(p) = &part.data {
-                        bytes.extend_from_slice(&p.bytes);
-                    }
-                }
-                KQuantData::PackedQ4K(packed_q4k::PackedQ4K {
-                    nb: first.cols / QK_K,
-                    bytes,
-                })
-            }
-            KQuantData::Q6K(_) => KQuantData::Q6K(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.data {
-                        KQuantData::Q6K(bytes) => bytes.as_slice(),
-                        KQuantData::PackedQ4K(_) => &[],
-                    })
-                    .copied()
-                    .collect(),
-            ),
+        let (init, _) = parts.split_at(parts.len() - 1);
+        if let Some(bad) = init.iter().find(|p| p.rows % TASK_ROWS != 0) {
+            return Err(OpsError::InvalidArgument(format!(
+                "stacking after {} rows (not a whole number of {TASK_ROWS}-row tiles)",
+                bad.rows
+            )));
+        }
+        // Tiles are row tile major, so the parts' tiles follow one another.
+        let nb = first.cols / QK_K;
+        let bytes: Vec<u8> = parts
+            .iter()
+            .flat_map(|p| p.packed_bytes().iter().copied())
+            .collect();
+        let data = match first.ty {
+            KQuantType::Q4K => KQuantData::PackedQ4K(packed_q4k::PackedQ4K { nb, bytes }),
+            KQuantType::Q6K => KQuantData::PackedQ6K(packed_q6k::PackedQ6K { nb, bytes }),
         };
         Ok(Self {
             ty: first.ty,
@@ -206,23 +194,17 @@ impl KQuantMatrix {
         self.cols
     }
 
-    /// The Q6_K super-blocks of row `row` (empty for packed Q4_K, which has no row bytes).
-    fn row(&self, row: usize) -> &[u8] {
+    /// The packed tiles' bytes.
+    fn packed_bytes(&self) -> &[u8] {
         match &self.data {
-            KQuantData::Q6K(bytes) => {
-                let len = self.cols / QK_K * blocks::Q6K_BYTES;
-                &bytes[row * len..(row + 1) * len]
-            }
-            KQuantData::PackedQ4K(_) => &[],
+            KQuantData::PackedQ4K(p) => &p.bytes,
+            KQuantData::PackedQ6K(p) => &p.bytes,
         }
     }
 
     /// Bytes the weights take in memory.
     pub fn num_bytes(&self) -> usize {
-        match &self.data {
-            KQuantData::PackedQ4K(p) => p.bytes.len(),
-            KQuantData::Q6K(bytes) => bytes.len(),
-        }
+        self.packed_bytes().len()
     }
 
     /// The matrix as f32, as GGML's `dequantize_row_*` writes it.
@@ -235,9 +217,9 @@ impl KQuantMatrix {
                         let tile = p.tile(row / TASK_ROWS, b);
                         packed_q4k::PackedQ4K::dequantize_row(tile, row % TASK_ROWS, dst)
                     }
-                    KQuantData::Q6K(_) => {
-                        let block = &self.row(row)[b * blocks::Q6K_BYTES..][..blocks::Q6K_BYTES];
-                        blocks::dequantize_q6k(block, dst)
+                    KQuantData::PackedQ6K(p) => {
+                        let tile = p.tile(row / TASK_ROWS, b);
+                        packed_q6k::PackedQ6K::dequantize_row(tile, row % TASK_ROWS, dst)
                     }
                 }
             }

@@ -1,7 +1,6 @@
-//! GGML's K-quant block layouts, read in place: Q4_K and Q6_K weight super-blocks of 256 values
-//! and the Q8_K activation blocks they multiply (`ggml-common.h`, `ggml-quants.c`).
-
-use super::QK_K;
+//! GGML's K-quant block layouts as the file stores them: Q4_K and Q6_K weight super-blocks of 256
+//! values (read once, to pack them) and the Q8_K activation blocks they multiply (`ggml-common.h`,
+//! `ggml-quants.c`).
 
 /// Bytes of a Q4_K super-block: f16 `d`, f16 `dmin`, 12 bytes of packed 6-bit scales and mins,
 /// then 128 bytes of 4-bit values.
@@ -49,27 +48,6 @@ pub(super) fn q4k_scales_mins(block: &[u8]) -> [u8; 16] {
     out
 }
 
-/// Q6_K value `i` (0..256) of a super-block, 0..=63 (the stored value, before the −32), and the
-/// scale (of 16) it belongs to.
-pub(super) fn q6k_value(block: &[u8], i: usize) -> (u8, usize) {
-    let (half, within) = (i / 128, i % 128);
-    let (chunk, l) = (within / 32, within % 32);
-    let ql = block[64 * half + l + 32 * (chunk % 2)];
-    let low = if chunk < 2 { ql & 0xF } else { ql >> 4 };
-    let high = (block[Q6K_QH + 32 * half + l] >> (2 * chunk)) & 3;
-    (low | (high << 4), i / 16)
-}
-
-/// One super-block as f32, as GGML's `dequantize_row_q6_K` writes it.
-pub(super) fn dequantize_q6k(block: &[u8], out: &mut [f32]) {
-    let d = f16_at(block, Q6K_D);
-    for (i, o) in out.iter_mut().enumerate().take(QK_K) {
-        let (q, sub) = q6k_value(block, i);
-        let scale = block[Q6K_SCALES + sub] as i8;
-        *o = d * scale as f32 * (q as i32 - 32) as f32;
-    }
-}
-
 /// GGML's `nearest_int`: round half to even through the float's mantissa (valid for
 /// |x| ≤ 4,194,303; activations reach 127).
 fn nearest_int(x: f32) -> i32 {
@@ -105,6 +83,7 @@ pub(super) fn quantize_q8k(x: &[f32], quants: &mut [i8], bsums: &mut [i16]) -> f
 
 #[cfg(test)]
 mod tests {
+    use super::super::QK_K;
     use super::*;
 
     #[test]

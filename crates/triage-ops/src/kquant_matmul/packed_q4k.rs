@@ -11,10 +11,8 @@
 //! row gives the same bits alone as in a batch.
 
 use super::blocks::{self, Q4K_BYTES, Q4K_QS};
+use super::tiles::{pack_tiles, TILE_ROWS};
 use super::{Acts, QK_K};
-
-/// Rows per tile.
-pub(super) const TILE_ROWS: usize = 16;
 /// Bytes of one tile: 16 f16 `d`, 16 f16 `dmin`, 8 × 16 scales, 8 × 16 mins, then
 /// 32 groups × 16 rows × 4 bytes of values.
 pub(super) const TILE_BYTES: usize = 64 + 256 + QK_K / 2 * TILE_ROWS;
@@ -24,8 +22,8 @@ pub(super) const SCALES_AT: usize = 64;
 pub(super) const MINS_AT: usize = 192;
 pub(super) const QS_AT: usize = 320;
 
-/// `[row tiles, super-blocks]` tiles, row tile major; rows past the matrix (the last tile's
-/// padding) are zero and never read back.
+/// `[row tiles, super-blocks]` tiles (`tiles.rs`); the last tile's padding rows are never read
+/// back.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct PackedQ4K {
     pub(super) nb: usize,
@@ -33,20 +31,9 @@ pub(super) struct PackedQ4K {
 }
 
 impl PackedQ4K {
-    /// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes); row tiles are packed in
-    /// parallel on the pool.
+    /// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes).
     pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> Self {
-        let num_tiles = rows.div_ceil(TILE_ROWS);
-        let mut bytes = vec![0u8; num_tiles * nb * TILE_BYTES];
-        crate::pool::for_each_chunk_mut(&mut bytes, nb * TILE_BYTES, |t, tile_row| {
-            for (b, tile) in tile_row.chunks_exact_mut(TILE_BYTES).enumerate() {
-                for r in 0..TILE_ROWS.min(rows - t * TILE_ROWS) {
-                    let row = t * TILE_ROWS + r;
-                    let block = &ggml[(row * nb + b) * Q4K_BYTES..][..Q4K_BYTES];
-                    pack_row(block, r, tile);
-                }
-            }
-        });
+        let bytes = pack_tiles(rows, nb, ggml, Q4K_BYTES, TILE_BYTES, pack_row);
         Self { nb, bytes }
     }
 

@@ -5,8 +5,9 @@
 
 use std::arch::x86_64::*;
 
+use super::super::tiles::TILE_ROWS;
 use super::super::{Acts, TILE_A};
-use super::{PackedQ4K, DMIN_AT, D_AT, MINS_AT, QS_AT, SCALES_AT, TILE_BYTES, TILE_ROWS};
+use super::{PackedQ4K, DMIN_AT, D_AT, MINS_AT, QS_AT, SCALES_AT, TILE_BYTES};
 
 /// The 4-byte activation group at `p`, broadcast.
 #[inline(always)]

@@ -1,0 +1,165 @@
+//! x86 kernels of the packed Q6_K layout: one row tile (16 rows) against `C` activation rows, as
+//! `packed_q4k`'s (one `vpdpbusd` per 4 values of 16 rows with AVX-512 VNNI; `maddubs` and `madd`
+//! per 8 rows with AVX2). Both form the module's exact integer sums.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::super::tiles::TILE_ROWS;
+use super::super::{Acts, TILE_A};
+use super::{PackedQ6K, D_AT, QH_AT, QL_AT, SCALES_AT, TILE_BYTES};
+
+/// The 4-byte activation group at `p`.
+#[inline(always)]
+unsafe fn group(p: *const i8) -> i32 {
+    (p as *const i32).read_unaligned()
+}
+
+/// Row tile `t` against activation rows `c0..c0 + C`: `out[c][r]`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VNNI, AVX2, FMA and F16C; `t` is a row tile of `w` and `act`
+/// holds rows `c0..c0 + C` of `w.nb` super-blocks.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(in super::super) unsafe fn tile_vnni<const C: usize>(
+    w: &PackedQ6K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let (m4, m2) = (_mm512_set1_epi8(0xF), _mm512_set1_epi8(3));
+    let mut acc = [_mm512_setzero_ps(); C];
+    for b in 0..w.nb {
+        let tile = w.tile(t, b).as_ptr();
+        let mut sum = [_mm512_setzero_si512(); C];
+        for pair in 0..16 {
+            // Group pair `pair` is sub-block `pair` (16 values): groups 2·pair and 2·pair + 1.
+            let qh = _mm512_loadu_si512(tile.add(QH_AT + pair * 64) as *const _);
+            _mm_prefetch::<_MM_HINT_T0>(
+                tile.wrapping_add(TILE_BYTES + QH_AT + pair * 64) as *const i8
+            );
+            let mut p = [_mm512_setzero_si512(); C];
+            for h in 0..2 {
+                let g = 2 * pair + h;
+                let at = QL_AT + g * 64;
+                _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                let ql = _mm512_loadu_si512(tile.add(at) as *const _);
+                let high = |shift: u32| {
+                    let h = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(shift as i32));
+                    _mm512_slli_epi16(_mm512_and_si512(h, m2), 4)
+                };
+                let shift = 4 * h as u32;
+                let lo = _mm512_or_si512(_mm512_and_si512(ql, m4), high(shift));
+                let hi = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                    high(shift + 2),
+                );
+                for c in 0..C {
+                    let q8 = act
+                        .quants
+                        .as_ptr()
+                        .add(((c0 + c) * act.nb + b) * 256 + 8 * g);
+                    p[c] = _mm512_dpbusd_epi32(p[c], lo, _mm512_set1_epi32(group(q8)));
+                    p[c] = _mm512_dpbusd_epi32(p[c], hi, _mm512_set1_epi32(group(q8.add(4))));
+                }
+            }
+            let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                tile.add(SCALES_AT + 16 * pair) as *const __m128i
+            ));
+            for c in 0..C {
+                let (_, _, bsums) = act.block(c0 + c, b);
+                let centred = _mm512_sub_epi32(p[c], _mm512_set1_epi32(32 * bsums[pair] as i32));
+                sum[c] = _mm512_add_epi32(sum[c], _mm512_mullo_epi32(centred, sc));
+            }
+        }
+        let dv = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(D_AT) as *const __m256i));
+        for c in 0..C {
+            let (ya, _, _) = act.block(c0 + c, b);
+            let d = _mm512_mul_ps(dv, _mm512_set1_ps(ya));
+            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum[c]), acc[c]);
+        }
+    }
+    for c in 0..C {
+        _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+    }
+}
+
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 2`), one 8-row half at a time.
+///
+/// # Safety
+/// The CPU supports AVX2, FMA and F16C; as for `tile_vnni` otherwise.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn tile_avx2<const C: usize>(
+    w: &PackedQ6K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let (m4, m2) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
+    let ones = _mm256_set1_epi16(1);
+    for half in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); C];
+        for b in 0..w.nb {
+            let tile = w.tile(t, b).as_ptr();
+            let mut sum = [_mm256_setzero_si256(); C];
+            for pair in 0..16 {
+                let qh =
+                    _mm256_loadu_si256(tile.add(QH_AT + pair * 64 + 32 * half) as *const __m256i);
+                let mut p = [_mm256_setzero_si256(); C];
+                for h in 0..2 {
+                    let g = 2 * pair + h;
+                    let at = QL_AT + g * 64 + 32 * half;
+                    _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                    let ql = _mm256_loadu_si256(tile.add(at) as *const __m256i);
+                    let high = |shift: u32| {
+                        let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift as i32));
+                        _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
+                    };
+                    let shift = 4 * h as u32;
+                    let lo = _mm256_or_si256(_mm256_and_si256(ql, m4), high(shift));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+                        high(shift + 2),
+                    );
+                    for c in 0..C {
+                        let q8 = act
+                            .quants
+                            .as_ptr()
+                            .add(((c0 + c) * act.nb + b) * 256 + 8 * g);
+                        // Pairs of products in int16: at most 2 · 63 · 127 each, twice, under
+                        // 32,767; then the row's four summed in int32.
+                        let pairs = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(group(q8))),
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(group(q8.add(4)))),
+                        );
+                        p[c] = _mm256_add_epi32(p[c], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    tile.add(SCALES_AT + 16 * pair + 8 * half) as *const __m128i,
+                ));
+                for c in 0..C {
+                    let (_, _, bsums) = act.block(c0 + c, b);
+                    let centred =
+                        _mm256_sub_epi32(p[c], _mm256_set1_epi32(32 * bsums[pair] as i32));
+                    sum[c] = _mm256_add_epi32(sum[c], _mm256_mullo_epi32(centred, sc));
+                }
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * half) as *const __m128i));
+            for c in 0..C {
+                let (ya, _, _) = act.block(c0 + c, b);
+                let d = _mm256_mul_ps(dv, _mm256_set1_ps(ya));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[c]), acc[c]);
+            }
+        }
+        for c in 0..C {
+            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * half), acc[c]);
+        }
+    }
+}
