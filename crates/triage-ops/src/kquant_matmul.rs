@@ -158,7 +158,7 @@ impl KQuantMatrix {
             )));
         }
         let (init, _) = parts.split_at(parts.len() - 1);
-        if let Some(bad) = init.iter().find(|p| p.rows % TASK_ROWS != 0) {
+        if let Some(bad) = init.iter().find(|p| !p.rows.is_multiple_of(TASK_ROWS)) {
             return Err(OpsError::InvalidArgument(format!(
                 "stacking after {} rows (not a whole number of {TASK_ROWS}-row tiles)",
                 bad.rows
@@ -228,6 +228,10 @@ impl KQuantMatrix {
     }
 }
 
+/// One super-block being quantized: its values, and where its int8 values, sums of 16 and scale
+/// go.
+type Q8KBlock<'a> = (&'a [f32], &'a mut [i8], &'a mut [i16], &'a mut f32);
+
 /// Activation rows in Q8_K: per super-block of 256 one f32 scale, int8 values and the sums of
 /// each 16 of them.
 #[derive(Debug, Clone, PartialEq)]
@@ -255,16 +259,14 @@ impl Q8KRows {
         let mut quants = vec![0i8; rows * cols];
         let mut bsums = vec![0i16; rows * cols / 16];
         let mut d = vec![0f32; rows * cols / QK_K];
-        let mut by_block: Vec<(&[f32], &mut [i8], &mut [i16], &mut f32)> = values
+        let mut by_block: Vec<Q8KBlock> = values
             .chunks_exact(QK_K)
             .zip(quants.chunks_exact_mut(QK_K))
             .zip(bsums.chunks_exact_mut(QK_K / 16))
             .zip(d.iter_mut())
             .map(|(((x, q), s), d)| (x, q, s, d))
             .collect();
-        let quantize = |(x, q, s, d): &mut (&[f32], &mut [i8], &mut [i16], &mut f32)| {
-            **d = blocks::quantize_q8k(x, q, s)
-        };
+        let quantize = |(x, q, s, d): &mut Q8KBlock| **d = blocks::quantize_q8k(x, q, s);
         if rows >= 4 {
             let per_row = cols / QK_K;
             crate::pool::for_each_chunk_mut(&mut by_block, per_row, |_, row| {

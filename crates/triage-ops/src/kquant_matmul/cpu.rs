@@ -38,7 +38,7 @@ pub(super) fn tiles(
     dst: &mut [f32],
 ) {
     assert!(w0 + num_w <= w.rows && a0 + num_a <= a.rows && w.cols == a.cols);
-    assert!(w0 % TILE_ROWS == 0 && num_w <= TILE_ROWS && dst.len() >= num_w * num_a);
+    assert!(w0.is_multiple_of(TILE_ROWS) && num_w <= TILE_ROWS && dst.len() >= num_w * num_a);
     // Slicing checks that the activation rows are inside `a`; the kernels read within them and
     // within the row tile.
     let nb = a.cols / QK_K;

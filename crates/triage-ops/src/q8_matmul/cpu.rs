@@ -202,7 +202,7 @@ fn prefetch_next_tile<const R: usize>(
     #[allow(unsafe_code)]
     unsafe {
         _mm_prefetch::<_MM_HINT_T0>(wq.wrapping_add((R + r) * cols + b * QK8_0));
-        if b % 16 == 0 {
+        if b.is_multiple_of(16) {
             _mm_prefetch::<_MM_HINT_T0>(ws.wrapping_add((R + r) * kb + b) as *const i8);
         }
     }
