@@ -111,10 +111,10 @@ def llama_worker(model_path, prompt_file, decode_tokens, threads, n_ctx):
 
 
 def context_length(vocab):
-    try:
-        return int(vocab.n_ctx_train())
-    except Exception:
-        return 1 << 20
+    """The model's trained context, from its GGUF metadata (`<arch>.context_length`)."""
+    meta = vocab.metadata
+    arch = meta.get("general.architecture", "")
+    return int(meta.get(f"{arch}.context_length", 1 << 20))
 
 
 def main():
