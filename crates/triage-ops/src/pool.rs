@@ -35,6 +35,62 @@ where
     slots.into_iter().flatten().collect()
 }
 
+/// A row-major `[m, n]` output computed by column tasks on the pool: task `i` owns columns
+/// `i · task_cols..` (at most `task_cols`) of every row, and fills them chunk of rows by chunk of
+/// rows: `fill(c0, num_c, r0, num_r, tile)` writes `tile` as `[num_c, num_r]` (column-major, the
+/// shape a weight-row × activation-row kernel produces), which lands in its place in the output.
+/// Used by the int8 matmuls, whose tasks are weight rows (output columns).
+pub(crate) fn column_tasks<F>(
+    m: usize,
+    n: usize,
+    task_cols: usize,
+    row_chunk: usize,
+    fill: F,
+) -> Vec<f32>
+where
+    F: Fn(usize, usize, usize, usize, &mut [f32]) + Sync,
+{
+    let mut out = vec![0f32; m * n];
+    let shared = SharedOut(out.as_mut_ptr());
+    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(task_cols), |range| {
+        let mut tile = vec![0f32; task_cols * row_chunk];
+        for task in range {
+            let c0 = task * task_cols;
+            let num_c = task_cols.min(n - c0);
+            for r0 in (0..m).step_by(row_chunk) {
+                let num_r = row_chunk.min(m - r0);
+                fill(c0, num_c, r0, num_r, &mut tile);
+                for (i, row) in (r0..r0 + num_r).enumerate() {
+                    for c in 0..num_c {
+                        // SAFETY: `row < m` and `c0 + c < n`, so the index is inside `out`
+                        // (`m * n` values), which outlives the pool call; each task index comes
+                        // once, so no other thread writes columns `c0..c0 + num_c`.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            *shared.at(row * n + c0 + c) = tile[c * num_r + i]
+                        };
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+/// The output buffer, written by the pool's tasks at disjoint columns.
+struct SharedOut(*mut f32);
+
+// SAFETY: the pointer is only dereferenced at indices a single task owns (see the write above).
+#[allow(unsafe_code)]
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// Taking `&self` (not the field) makes closures capture the `Sync` wrapper.
+    fn at(&self, index: usize) -> *mut f32 {
+        self.0.wrapping_add(index)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +103,21 @@ mod tests {
         });
         for (i, v) in out.iter().enumerate() {
             assert_eq!(*v, i / 10 + 1, "element {i}");
+        }
+    }
+
+    #[test]
+    fn column_tasks_put_each_tile_in_its_place() {
+        // 37 columns in tasks of 16 (a short last one), 70 rows in chunks of 64.
+        let out = column_tasks(70, 37, 16, 64, |c0, num_c, r0, num_r, tile| {
+            for c in 0..num_c {
+                for r in 0..num_r {
+                    tile[c * num_r + r] = ((r0 + r) * 1000 + c0 + c) as f32;
+                }
+            }
+        });
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, ((i / 37) * 1000 + i % 37) as f32, "element {i}");
         }
     }
 

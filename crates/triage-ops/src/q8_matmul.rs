@@ -276,49 +276,12 @@ pub fn q8_matmul_quantized(a: &Q8Matrix, w: &Q8Matrix, kernel: Q8Kernel) -> Vec<
         kernel
     };
     let acts = cpu::Activations::prepare(kernel, a);
-    let mut out = vec![0f32; m * n];
-    let shared = SharedOut(out.as_mut_ptr());
-    // Each task owns output columns `task * TASK_ROWS..` (weight rows) of every row. The tasks
-    // run on candle's own thread pool: a second pool (rayon) would spin against candle's workers
-    // between the ops of a layer, which on 2 cores cost a sixth of single-stream decode.
-    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(TASK_ROWS), |range| {
-        // One tile's products, `[num_w, num_a]`, before they go to their columns.
-        let mut tile = [0f32; TASK_ROWS * ROW_CHUNK];
-        for task in range {
-            let w0 = task * TASK_ROWS;
-            let num_w = TASK_ROWS.min(n - w0);
-            for a0 in (0..m).step_by(ROW_CHUNK) {
-                let num_a = ROW_CHUNK.min(m - a0);
-                cpu::tiles(kernel, w, w0, num_w, &acts, a0, num_a, &mut tile);
-                for (i, row) in (a0..a0 + num_a).enumerate() {
-                    for r in 0..num_w {
-                        // SAFETY: `row < m` and `w0 + r < n`, so the index is inside `out`
-                        // (`m * n` values), which outlives the pool call; each task index comes
-                        // once, so no other thread writes columns `w0..w0 + num_w`.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            *shared.at(row * n + w0 + r) = tile[r * num_a + i]
-                        };
-                    }
-                }
-            }
-        }
-    });
-    out
-}
-
-/// The output buffer, written by the pool's tasks at disjoint columns.
-struct SharedOut(*mut f32);
-
-// SAFETY: the pointer is only dereferenced at indices a single task owns (see the write above).
-#[allow(unsafe_code)]
-unsafe impl Sync for SharedOut {}
-
-impl SharedOut {
-    /// Taking `&self` (not the field) makes closures capture the `Sync` wrapper.
-    fn at(&self, index: usize) -> *mut f32 {
-        self.0.wrapping_add(index)
-    }
+    // Tasks are weight rows (output columns). They run on candle's own thread pool: a second
+    // pool (rayon) would spin against candle's workers between the ops of a layer, which on 2
+    // cores cost a sixth of single-stream decode.
+    crate::pool::column_tasks(m, n, TASK_ROWS, ROW_CHUNK, |w0, num_w, a0, num_a, tile| {
+        cpu::tiles(kernel, w, w0, num_w, &acts, a0, num_a, tile)
+    })
 }
 
 /// Reference: the same quantization written with basic tensor ops, then a plain f32 matmul.
