@@ -332,30 +332,13 @@ impl Acts<'_> {
 }
 
 fn check_cols(cols: usize) -> Result<()> {
-    if cols == 0 || !cols.is_multiple_of(QK_K) {
-        return Err(OpsError::InvalidArgument(format!(
-            "K-quant rows need a positive multiple of {QK_K} columns, got {cols}"
-        )));
-    }
-    Ok(())
+    crate::q8_matmul::check_block_cols(cols, QK_K, "K-quant")
 }
 
 /// `x Wᵀ` for `x` `[m, k]` (f32, CPU) and `w` `[n, k]`: `[m, n]` f32.
 pub fn kquant_matmul(x: &Tensor, w: &KQuantMatrix) -> Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    if k != w.cols {
-        return Err(OpsError::InvalidArgument(format!(
-            "kquant_matmul: x has {k} columns, the weights {}",
-            w.cols
-        )));
-    }
-    if !x.device().is_cpu() {
-        return Err(OpsError::InvalidArgument(
-            "kquant_matmul runs on CPU tensors".into(),
-        ));
-    }
-    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let a = Q8KRows::quantize(m, k, &values)?;
+    let (m, values) = crate::q8_matmul::cpu_input("kquant_matmul", x, w.cols)?;
+    let a = Q8KRows::quantize(m, w.cols, &values)?;
     let out = kquant_matmul_quantized(&a, w, KQuantKernel::best())?;
     Ok(Tensor::from_vec(out, (m, w.rows), &Device::Cpu)?)
 }

@@ -232,30 +232,39 @@ fn round_half_away(x: f32) -> i32 {
 }
 
 fn check_cols(cols: usize) -> Result<()> {
-    if cols == 0 || !cols.is_multiple_of(QK8_0) {
+    check_block_cols(cols, QK8_0, "Q8_0")
+}
+
+/// `cols` is a positive multiple of `block` (`what` names the format in the error).
+pub(crate) fn check_block_cols(cols: usize, block: usize, what: &str) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(block) {
         return Err(OpsError::InvalidArgument(format!(
-            "Q8_0 rows need a positive multiple of {QK8_0} columns, got {cols}"
+            "{what} rows need a positive multiple of {block} columns, got {cols}"
         )));
     }
     Ok(())
 }
 
-/// `x Wᵀ` for `x` `[m, k]` (f32, CPU) and `w` `[n, k]`: `[m, n]` f32.
-pub fn q8_matmul(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
+/// The rows of `x` (`[m, cols]`, on the CPU) as f32 values for the int8 matmul `op`.
+pub(crate) fn cpu_input(op: &str, x: &Tensor, cols: usize) -> Result<(usize, Vec<f32>)> {
     let (m, k) = x.dims2()?;
-    if k != w.cols {
+    if k != cols {
         return Err(OpsError::InvalidArgument(format!(
-            "q8_matmul: x has {k} columns, the weights {}",
-            w.cols
+            "{op}: x has {k} columns, the weights {cols}"
         )));
     }
     if !x.device().is_cpu() {
-        return Err(OpsError::InvalidArgument(
-            "q8_matmul runs on CPU tensors".into(),
-        ));
+        return Err(OpsError::InvalidArgument(format!(
+            "{op} runs on CPU tensors"
+        )));
     }
-    let values = x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let a = Q8Matrix::quantize(m, k, &values)?;
+    Ok((m, x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
+}
+
+/// `x Wᵀ` for `x` `[m, k]` (f32, CPU) and `w` `[n, k]`: `[m, n]` f32.
+pub fn q8_matmul(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
+    let (m, values) = cpu_input("q8_matmul", x, w.cols)?;
+    let a = Q8Matrix::quantize(m, w.cols, &values)?;
     let out = q8_matmul_quantized(&a, w, Q8Kernel::best());
     Ok(Tensor::from_vec(out, (m, w.rows), &Device::Cpu)?)
 }
