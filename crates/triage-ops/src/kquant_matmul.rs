@@ -53,10 +53,9 @@ impl KQuantType {
 pub enum KQuantKernel {
     /// A plain loop, for any CPU.
     Portable,
-    /// x86 AVX2 + FMA: `maddubs` and `madd` per 32 values, as GGML's own.
+    /// x86 AVX2 + FMA: `maddubs` and `madd` over 4 values of 8 packed rows.
     Avx2,
-    /// AVX-512 VNNI: `vpdpbusd` over 16 packed Q4_K rows; two Q6_K chunks per register with
-    /// the scale multiply and accumulate in one `vpdpwssd`.
+    /// AVX-512 VNNI: one `vpdpbusd` over 4 values of 16 packed rows.
     Avx512Vnni,
 }
 
@@ -71,20 +70,14 @@ impl KQuantKernel {
     pub fn best() -> KQuantKernel {
         static BEST: std::sync::OnceLock<KQuantKernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            std::env::var("TRIAGE_KQUANT_KERNEL")
-                .ok()
-                .and_then(|name| Self::from_name(&name))
-                .or_else(|| Self::available().last().copied())
+            crate::kernel_choice::chosen("TRIAGE_KQUANT_KERNEL", Self::available(), Self::name)
                 .unwrap_or(KQuantKernel::Portable)
         })
     }
 
     /// The kernel of this `name`, if this CPU runs it.
     pub fn from_name(name: &str) -> Option<KQuantKernel> {
-        Self::available()
-            .iter()
-            .copied()
-            .find(|k| k.name() == name.trim())
+        crate::kernel_choice::named(Self::available(), name, Self::name)
     }
 
     pub fn name(self) -> &'static str {

@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod cuda;
 pub mod entropy_window;
 pub mod error;
+mod kernel_choice;
 pub mod kquant_matmul;
 pub mod launch;
 pub mod logits_reduce;

@@ -55,22 +55,14 @@ impl Q8Kernel {
     pub fn best() -> Q8Kernel {
         static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            let chosen = std::env::var("TRIAGE_Q8_KERNEL")
-                .ok()
-                .and_then(|name| Self::from_name(&name));
-            // `available` always lists `Portable` first and the fastest last.
-            chosen
-                .or_else(|| Self::available().last().copied())
+            crate::kernel_choice::chosen("TRIAGE_Q8_KERNEL", Self::available(), Self::name)
                 .unwrap_or(Q8Kernel::Portable)
         })
     }
 
     /// The kernel of this `name` (see `name`), if this CPU runs it.
     pub fn from_name(name: &str) -> Option<Q8Kernel> {
-        Self::available()
-            .iter()
-            .copied()
-            .find(|k| k.name() == name.trim())
+        crate::kernel_choice::named(Self::available(), name, Self::name)
     }
 
     /// The kernel's name for `TRIAGE_Q8_KERNEL`.
