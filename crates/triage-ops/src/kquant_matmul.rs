@@ -119,12 +119,8 @@ impl KQuantMatrix {
             )));
         }
         let data = match ty {
-            KQuantType::Q4K => {
-                KQuantData::PackedQ4K(packed_q4k::PackedQ4K::pack(rows, cols / QK_K, bytes))
-            }
-            KQuantType::Q6K => {
-                KQuantData::PackedQ6K(packed_q6k::PackedQ6K::pack(rows, cols / QK_K, bytes))
-            }
+            KQuantType::Q4K => KQuantData::PackedQ4K(packed_q4k::pack(rows, cols / QK_K, bytes)),
+            KQuantType::Q6K => KQuantData::PackedQ6K(packed_q6k::pack(rows, cols / QK_K, bytes)),
         };
         Ok(Self {
             ty,
@@ -195,11 +191,6 @@ impl KQuantMatrix {
         }
     }
 
-    /// Bytes the weights take in memory.
-    pub fn num_bytes(&self) -> usize {
-        self.packed_bytes().len()
-    }
-
     /// The matrix as f32, as GGML's `dequantize_row_*` writes it.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
@@ -208,11 +199,11 @@ impl KQuantMatrix {
                 match &self.data {
                     KQuantData::PackedQ4K(p) => {
                         let tile = p.tile(row / TASK_ROWS, b);
-                        packed_q4k::PackedQ4K::dequantize_row(tile, row % TASK_ROWS, dst)
+                        packed_q4k::dequantize_row(tile, row % TASK_ROWS, dst)
                     }
                     KQuantData::PackedQ6K(p) => {
                         let tile = p.tile(row / TASK_ROWS, b);
-                        packed_q6k::PackedQ6K::dequantize_row(tile, row % TASK_ROWS, dst)
+                        packed_q6k::dequantize_row(tile, row % TASK_ROWS, dst)
                     }
                 }
             }

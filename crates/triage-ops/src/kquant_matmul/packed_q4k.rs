@@ -11,7 +11,7 @@
 //! row gives the same bits alone as in a batch.
 
 use super::blocks::{self, Q4K_BYTES, Q4K_QS};
-use super::tiles::{pack_tiles, TILE_ROWS};
+use super::tiles::{PackedTiles, TILE_ROWS};
 use super::{Acts, QK_K};
 /// Bytes of one tile: 16 f16 `d`, 16 f16 `dmin`, 8 × 16 scales, 8 × 16 mins, then
 /// 32 groups × 16 rows × 4 bytes of values.
@@ -22,36 +22,23 @@ pub(super) const SCALES_AT: usize = 64;
 pub(super) const MINS_AT: usize = 192;
 pub(super) const QS_AT: usize = 320;
 
-/// `[row tiles, super-blocks]` tiles (`tiles.rs`); the last tile's padding rows are never read
-/// back.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct PackedQ4K {
-    pub(super) nb: usize,
-    pub(super) bytes: Vec<u8>,
+/// A Q4_K matrix in row tiles (`tiles.rs`).
+pub(super) type PackedQ4K = PackedTiles<TILE_BYTES>;
+
+/// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes).
+pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> PackedQ4K {
+    PackedQ4K::pack(rows, nb, ggml, Q4K_BYTES, pack_row)
 }
 
-impl PackedQ4K {
-    /// From GGML's Q4_K rows (`rows · nb` blocks of 144 bytes).
-    pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> Self {
-        let bytes = pack_tiles(rows, nb, ggml, Q4K_BYTES, TILE_BYTES, pack_row);
-        Self { nb, bytes }
-    }
-
-    /// The tile of row tile `t`, super-block `b`.
-    pub(super) fn tile(&self, t: usize, b: usize) -> &[u8] {
-        &self.bytes[(t * self.nb + b) * TILE_BYTES..][..TILE_BYTES]
-    }
-
-    /// Row `r` (0..16) of a tile as 256 f32, as GGML's `dequantize_row_q4_K` writes it.
-    pub(super) fn dequantize_row(tile: &[u8], r: usize, out: &mut [f32]) {
-        let d = blocks::f16_at(tile, D_AT + 2 * r);
-        let dmin = blocks::f16_at(tile, DMIN_AT + 2 * r);
-        for (i, o) in out.iter_mut().enumerate().take(QK_K) {
-            let s = i / 32;
-            let sc = tile[SCALES_AT + TILE_ROWS * s + r] as f32;
-            let m = tile[MINS_AT + TILE_ROWS * s + r] as f32;
-            *o = d * sc * value(tile, r, i) as f32 - dmin * m;
-        }
+/// Row `r` (0..16) of a tile as 256 f32, as GGML's `dequantize_row_q4_K` writes it.
+pub(super) fn dequantize_row(tile: &[u8], r: usize, out: &mut [f32]) {
+    let d = blocks::f16_at(tile, D_AT + 2 * r);
+    let dmin = blocks::f16_at(tile, DMIN_AT + 2 * r);
+    for (i, o) in out.iter_mut().enumerate().take(QK_K) {
+        let s = i / 32;
+        let sc = tile[SCALES_AT + TILE_ROWS * s + r] as f32;
+        let m = tile[MINS_AT + TILE_ROWS * s + r] as f32;
+        *o = d * sc * value(tile, r, i) as f32 - dmin * m;
     }
 }
 

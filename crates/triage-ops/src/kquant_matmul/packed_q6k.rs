@@ -10,7 +10,7 @@
 //! batch.
 
 use super::blocks::{self, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES};
-use super::tiles::{pack_tiles, TILE_ROWS};
+use super::tiles::{PackedTiles, TILE_ROWS};
 use super::{Acts, QK_K};
 
 /// Bytes of one tile: 16 f16 `d`, 16 × 16 int8 scales, 32 groups × 16 rows × 4 bytes of low
@@ -21,33 +21,20 @@ pub(super) const SCALES_AT: usize = 32;
 pub(super) const QL_AT: usize = 288;
 pub(super) const QH_AT: usize = QL_AT + QK_K / 2 * TILE_ROWS;
 
-/// `[row tiles, super-blocks]` tiles (`tiles.rs`); the last tile's padding rows are never read
-/// back.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct PackedQ6K {
-    pub(super) nb: usize,
-    pub(super) bytes: Vec<u8>,
+/// A Q6_K matrix in row tiles (`tiles.rs`).
+pub(super) type PackedQ6K = PackedTiles<TILE_BYTES>;
+
+/// From GGML's Q6_K rows (`rows · nb` blocks of 210 bytes).
+pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> PackedQ6K {
+    PackedQ6K::pack(rows, nb, ggml, Q6K_BYTES, pack_row)
 }
 
-impl PackedQ6K {
-    /// From GGML's Q6_K rows (`rows · nb` blocks of 210 bytes).
-    pub(super) fn pack(rows: usize, nb: usize, ggml: &[u8]) -> Self {
-        let bytes = pack_tiles(rows, nb, ggml, Q6K_BYTES, TILE_BYTES, pack_row);
-        Self { nb, bytes }
-    }
-
-    /// The tile of row tile `t`, super-block `b`.
-    pub(super) fn tile(&self, t: usize, b: usize) -> &[u8] {
-        &self.bytes[(t * self.nb + b) * TILE_BYTES..][..TILE_BYTES]
-    }
-
-    /// Row `r` (0..16) of a tile as 256 f32, as GGML's `dequantize_row_q6_K` writes it.
-    pub(super) fn dequantize_row(tile: &[u8], r: usize, out: &mut [f32]) {
-        let d = blocks::f16_at(tile, D_AT + 2 * r);
-        for (i, o) in out.iter_mut().enumerate().take(QK_K) {
-            let scale = tile[SCALES_AT + TILE_ROWS * (i / 16) + r] as i8;
-            *o = d * scale as f32 * (value(tile, r, i) as i32 - 32) as f32;
-        }
+/// Row `r` (0..16) of a tile as 256 f32, as GGML's `dequantize_row_q6_K` writes it.
+pub(super) fn dequantize_row(tile: &[u8], r: usize, out: &mut [f32]) {
+    let d = blocks::f16_at(tile, D_AT + 2 * r);
+    for (i, o) in out.iter_mut().enumerate().take(QK_K) {
+        let scale = tile[SCALES_AT + TILE_ROWS * (i / 16) + r] as i8;
+        *o = d * scale as f32 * (value(tile, r, i) as i32 - 32) as f32;
     }
 }
 

@@ -5,15 +5,9 @@
 
 use std::arch::x86_64::*;
 
-use super::super::tiles::TILE_ROWS;
+use super::super::tiles::{activation_group as group, TILE_ROWS};
 use super::super::{Acts, TILE_A};
 use super::{PackedQ6K, D_AT, QH_AT, QL_AT, SCALES_AT, TILE_BYTES};
-
-/// The 4-byte activation group at `p`.
-#[inline(always)]
-unsafe fn group(p: *const i8) -> i32 {
-    (p as *const i32).read_unaligned()
-}
 
 /// Row tile `t` against activation rows `c0..c0 + C`: `out[c][r]`.
 ///
