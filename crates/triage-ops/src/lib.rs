@@ -2,7 +2,6 @@
 //! `cuda` feature) a CUDA implementation behind the same API.
 #![deny(unsafe_code)]
 
-pub mod attention_rows;
 pub mod causal_attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -11,6 +10,7 @@ pub mod cuda;
 pub mod cuda;
 pub mod entropy_window;
 pub mod error;
+pub mod flash_attention;
 mod kernel_choice;
 pub mod kquant_matmul;
 pub mod launch;

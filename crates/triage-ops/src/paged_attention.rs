@@ -2,9 +2,11 @@
 //! `[num_blocks, block_size, num_kv_heads, head_dim]` cache, and `paged_attention` runs causal
 //! grouped-query attention for several sequences, each reading its keys through a block table.
 //! Prefill over a cached prefix and batched decode are the same call (query length n ≥ 1).
-//! CPU caches are f32.
+//! CPU caches are f32, f16 or bf16.
 
-use candle_core::{CpuStorage, DType, Device, InplaceOp3, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp3, Layout, Tensor};
+
+use crate::flash_attention::{flash_attention_tensors, SeqKeys};
 
 use crate::{OpsError, Result};
 
@@ -291,21 +293,6 @@ pub fn reshape_and_cache_slow(cache: &Tensor, rows: &Tensor, slots: &[u32]) -> R
     Ok(flat.reshape((num_blocks, block_size, kv_heads, head_dim))?)
 }
 
-fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
-    match storage {
-        Storage::Cpu(CpuStorage::F32(v)) if layout.is_contiguous() => {
-            Ok(&v[layout.start_offset()..layout.start_offset() + layout.shape().elem_count()])
-        }
-        _ => Err(OpsError::InvalidArgument(
-            "paged_attention: contiguous f32 CPU tensors only".into(),
-        )),
-    }
-}
-
-/// Query rows from which a sequence gathers its K/V into contiguous tensors and uses matrix
-/// products instead of the per-row kernel (which wins for decode, where each row is one token).
-pub const GATHER_MIN_QUERIES: usize = 16;
-
 /// One step's [`PagedAttentionMetadata`], validated once against the cache and, on a GPU,
 /// uploaded once (block tables, each query row's sequence and position): every layer of the
 /// step attends through the same plan instead of copying its metadata again.
@@ -378,10 +365,9 @@ pub fn paged_attention(
     paged_attention_planned(q, k_cache, v_cache, &plan)
 }
 
-/// [`paged_attention`] through a plan made for this cache. Sequences with few queries (decode)
-/// run in one loop parallel over (token, head), each row reading its keys through the block
-/// table (scores, then one exp per key, then the values); long query runs (prefill) gather their
-/// K/V and use chunked matrix products. CUDA tensors (caches in f32, f16 or bf16) run the kernels
+/// [`paged_attention`] through a plan made for this cache. On the CPU (caches in f32, f16 or
+/// bf16) prefill and decode rows alike run [`crate::flash_attention`], which reads each key
+/// through the block table in place. CUDA tensors (caches in f32, f16 or bf16) run the kernels
 /// of `kernels/paged_attention.cu` ([`crate::cuda::paged_attention_cuda`]) on the plan's
 /// uploaded rows.
 pub fn paged_attention_planned(
@@ -407,28 +393,15 @@ pub fn paged_attention_planned(
         return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
     }
     let meta = &plan.meta;
-    if meta.query_lens.iter().all(|&n| n < GATHER_MIN_QUERIES) {
-        return paged_attention_rows(q, k_cache, v_cache, meta);
-    }
-    let mut parts = Vec::with_capacity(meta.query_lens.len());
-    let mut start = 0;
-    for s in 0..meta.query_lens.len() {
-        let qlen = meta.query_lens[s];
-        let q_s = q.narrow(0, start, qlen)?;
-        let one = PagedAttentionMetadata {
+    let seqs: Vec<SeqKeys> = (0..meta.block_tables.len())
+        .map(|s| SeqKeys {
+            block_table: &meta.block_tables[s],
             block_size: meta.block_size,
-            block_tables: vec![meta.block_tables[s].clone()],
-            seq_lens: vec![meta.seq_lens[s]],
-            query_lens: vec![qlen],
-        };
-        parts.push(if qlen >= GATHER_MIN_QUERIES {
-            gathered_attention(&q_s, k_cache, v_cache, &one)?
-        } else {
-            paged_attention_rows(&q_s, k_cache, v_cache, &one)?
-        });
-        start += qlen;
-    }
-    Ok(Tensor::cat(&parts, 0)?)
+            seq_len: meta.seq_lens[s],
+            query_len: meta.query_lens[s],
+        })
+        .collect();
+    flash_attention_tensors(q, k_cache, v_cache, &seqs)
 }
 
 /// Shapes, dtypes and devices of the query and caches agree with each other and with the
@@ -465,83 +438,6 @@ fn check_shapes(q: &Tensor, k_cache: &Tensor, v_cache: &Tensor, block_size: usiz
         )));
     }
     Ok(())
-}
-
-/// One sequence: gather its K/V through the block table, then dense causal attention.
-fn gathered_attention(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &PagedAttentionMetadata,
-) -> Result<Tensor> {
-    let (num_blocks, block_size, kv_heads, head_dim) = k_cache.dims4()?;
-    let (n, heads, _) = q.dims3()?;
-    let len = meta.seq_lens[0];
-    let slots: Vec<u32> = (0..len)
-        .map(|p| slot_of(&meta.block_tables[0], block_size, p))
-        .collect();
-    let slots = Tensor::new(slots.as_slice(), q.device())?;
-    let gather = |cache: &Tensor| -> Result<Tensor> {
-        let flat = cache.reshape((num_blocks * block_size, kv_heads, head_dim))?;
-        // [kv_heads, len, d]
-        Ok(flat
-            .index_select(&slots, 0)?
-            .transpose(0, 1)?
-            .contiguous()?)
-    };
-    let q = q.to_dtype(DType::F32)?.transpose(0, 1)?.contiguous()?; // [heads, n, d]
-    let out = crate::causal_attention::causal_attention(&q, &gather(k_cache)?, &gather(v_cache)?)?;
-    Ok(out.reshape((n, heads, head_dim))?)
-}
-
-/// The per-row kernel: parallel over (token, KV head), softmax through the block table. The
-/// query heads that share a KV head (grouped-query attention) read each key and value row once.
-fn paged_attention_rows(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    meta: &PagedAttentionMetadata,
-) -> Result<Tensor> {
-    // Shapes and metadata were checked once by `paged_attention`.
-    let (num_tokens, num_heads, head_dim) = q.dims3()?;
-    let (_, block_size, kv_heads, _) = k_cache.dims4()?;
-    let q = q.to_dtype(DType::F32)?.contiguous()?;
-    let (qs, ql) = q.storage_and_layout();
-    let (ks, kl) = k_cache.storage_and_layout();
-    let (vs, vl) = v_cache.storage_and_layout();
-    let (qd, kdata, vdata) = (
-        f32_slice(&qs, ql)?,
-        f32_slice(&ks, kl)?,
-        f32_slice(&vs, vl)?,
-    );
-    // (sequence, position) of every query row.
-    let mut rows = Vec::with_capacity(num_tokens);
-    for (s, (&qlen, &slen)) in meta.query_lens.iter().zip(&meta.seq_lens).enumerate() {
-        rows.extend((slen - qlen..slen).map(|pos| (s, pos)));
-    }
-    let groups = num_heads / kv_heads;
-    let mut out = vec![0f32; num_tokens * num_heads * head_dim];
-    // Chunk `idx` is the `groups` heads of token `idx / kv_heads` that read KV head
-    // `idx % kv_heads`: contiguous in `out`, since heads `kvh * groups..` share KV head `kvh`.
-    crate::pool::for_each_chunk_mut(&mut out, groups * head_dim, |idx, o| {
-        let (t, kvh) = (idx / kv_heads, idx % kv_heads);
-        let (s, pos) = rows[t];
-        // Where keys 0..=pos sit in the cache, walked block by block (no division per key).
-        let bases: Vec<usize> = meta.block_tables[s]
-            .iter()
-            .flat_map(|&block| (0..block_size).map(move |i| block as usize * block_size + i))
-            .take(pos + 1)
-            .map(|slot| (slot * kv_heads + kvh) * head_dim)
-            .collect();
-        let first_q = (t * num_heads + kvh * groups) * head_dim;
-        let queries = &qd[first_q..first_q + groups * head_dim];
-        crate::attention_rows::attend_row(queries, kdata, vdata, &bases, head_dim, o);
-    });
-    Ok(Tensor::from_vec(
-        out,
-        (num_tokens, num_heads, head_dim),
-        q.device(),
-    )?)
 }
 
 /// Reference: per sequence, gather K/V token by token through the block table, then plain

@@ -1,0 +1,526 @@
+//! Causal grouped-query attention on the CPU in tiles of keys with an online softmax (flash
+//! attention), reading K and V in place from a slot-major cache (`[slots, kv_heads, head_dim]`,
+//! f32, f16 or bf16) through each sequence's block table. Prefill, prefill over a cached prefix
+//! and decode are one loop; no score matrix is ever held whole; and a row's result does not depend
+//! on the rows computed with it, so a prompt gives the same bits in one pass or in chunks, alone
+//! or batched, from a paged cache or a contiguous one.
+
+mod tile;
+
+#[cfg(test)]
+mod tests;
+
+use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+use crate::{OpsError, Result};
+use tile::{RowState, FEW_ROWS, KEY_TILE, LANES};
+
+/// Query tokens per task: their rows share each key tile's conversion to f32.
+const TOKENS_PER_TASK: usize = 16;
+
+/// K or V rows as the cache stores them.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl KvRows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.len(),
+            KvRows::F16(v) => v.len(),
+            KvRows::BF16(v) => v.len(),
+        }
+    }
+
+    /// `dst.len()` values from `start`, as f32 (exact for every stored type).
+    #[inline(always)]
+    fn read(&self, start: usize, dst: &mut [f32]) {
+        let end = start + dst.len();
+        match self {
+            KvRows::F32(v) => dst.copy_from_slice(&v[start..end]),
+            KvRows::F16(v) => v[start..end].convert_to_f32_slice(dst),
+            KvRows::BF16(v) => v[start..end].convert_to_f32_slice(dst),
+        }
+    }
+}
+
+/// One sequence's part of a step: where its keys sit and which positions it queries.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqKeys<'a> {
+    /// Its blocks in order: position `p` sits in slot
+    /// `block_table[p / block_size] * block_size + p % block_size`.
+    pub block_table: &'a [u32],
+    pub block_size: usize,
+    /// Tokens in the cache, this step's included.
+    pub seq_len: usize,
+    /// The last `query_len` positions are queried; the queries of all sequences are concatenated
+    /// in order.
+    pub query_len: usize,
+}
+
+impl SeqKeys<'_> {
+    fn slot(&self, pos: usize) -> usize {
+        self.block_table[pos / self.block_size] as usize * self.block_size + pos % self.block_size
+    }
+}
+
+/// Head counts and size of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub num_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// The loop's compiled forms. All give the same bits (every product is a fused multiply-add in
+/// a fixed order); they differ in vector width only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// The loop as the target compiles it, for any CPU.
+    Portable,
+    /// x86 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86 AVX-512 (512-bit vectors, twice the rows per register group).
+    Avx512,
+}
+
+impl AttentionKernel {
+    /// The kernels this CPU can run, slowest first (detected once).
+    pub fn available() -> &'static [AttentionKernel] {
+        static AVAILABLE: std::sync::OnceLock<Vec<AttentionKernel>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(detect)
+    }
+
+    /// The fastest kernel this CPU runs, or the one `TRIAGE_ATTENTION_KERNEL` names (`portable`,
+    /// `avx2`, `avx512`) when the CPU runs it. Read once.
+    pub fn best() -> AttentionKernel {
+        static BEST: std::sync::OnceLock<AttentionKernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            crate::kernel_choice::chosen("TRIAGE_ATTENTION_KERNEL", Self::available(), Self::name)
+                .unwrap_or(AttentionKernel::Portable)
+        })
+    }
+
+    /// The kernel's name for `TRIAGE_ATTENTION_KERNEL`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Portable => "portable",
+            AttentionKernel::Avx2 => "avx2",
+            AttentionKernel::Avx512 => "avx512",
+        }
+    }
+}
+
+fn detect() -> Vec<AttentionKernel> {
+    #[allow(unused_mut)]
+    let mut kernels = vec![AttentionKernel::Portable];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        if avx2 {
+            kernels.push(AttentionKernel::Avx2);
+            if is_x86_feature_detected!("avx512f") {
+                kernels.push(AttentionKernel::Avx512);
+            }
+        }
+    }
+    kernels
+}
+
+/// Causal attention of `q` (`[tokens, num_heads, head_dim]`, row-major) over the caches `k` and
+/// `v` (`[slots, kv_heads, head_dim]`, already holding this step's rows), for the sequences
+/// `seqs`. Returns `[tokens, num_heads, head_dim]`.
+pub fn flash_attention(
+    q: &[f32],
+    shape: AttentionShape,
+    k: KvRows,
+    v: KvRows,
+    seqs: &[SeqKeys],
+) -> Result<Vec<f32>> {
+    flash_attention_with(AttentionKernel::best(), q, shape, k, v, seqs)
+}
+
+/// [`flash_attention`] with a chosen kernel (tests and benchmarks compare them).
+pub fn flash_attention_with(
+    kernel: AttentionKernel,
+    q: &[f32],
+    shape: AttentionShape,
+    k: KvRows,
+    v: KvRows,
+    seqs: &[SeqKeys],
+) -> Result<Vec<f32>> {
+    check(q, shape, k, v, seqs)?;
+    if !AttentionKernel::available().contains(&kernel) {
+        return Err(OpsError::InvalidArgument(format!(
+            "attention kernel {} does not run on this CPU",
+            kernel.name()
+        )));
+    }
+    let inputs = Inputs {
+        q,
+        shape,
+        k,
+        v,
+        seqs,
+    };
+    let tasks = tasks(shape, seqs);
+    let results = crate::pool::map(tasks.len(), |i| run_task(kernel, &inputs, &tasks[i]));
+    let (heads, d) = (shape.num_heads, shape.head_dim);
+    let groups = heads / shape.kv_heads;
+    let mut out = vec![0f32; q.len()];
+    for (task, rows) in tasks.iter().zip(&results) {
+        let first_head = task.kv_head * groups + task.first_head;
+        for (t, token_rows) in rows.chunks_exact(task.num_heads * d).enumerate() {
+            let start = ((task.first_token + t) * heads + first_head) * d;
+            out[start..start + token_rows.len()].copy_from_slice(token_rows);
+        }
+    }
+    Ok(out)
+}
+
+/// Shapes agree, and every key a query can see lies inside the cache.
+fn check(q: &[f32], shape: AttentionShape, k: KvRows, v: KvRows, seqs: &[SeqKeys]) -> Result<()> {
+    let bad = |m: String| Err(OpsError::InvalidArgument(format!("flash_attention: {m}")));
+    let AttentionShape {
+        num_heads,
+        kv_heads,
+        head_dim,
+    } = shape;
+    if kv_heads == 0 || head_dim == 0 || !num_heads.is_multiple_of(kv_heads) {
+        return bad(format!(
+            "{num_heads} heads over {kv_heads} KV heads of {head_dim}"
+        ));
+    }
+    let tokens: usize = seqs.iter().map(|s| s.query_len).sum();
+    if q.len() != tokens * num_heads * head_dim {
+        return bad(format!("{} query values for {tokens} tokens", q.len()));
+    }
+    let row = kv_heads * head_dim;
+    if k.len() != v.len() || !k.len().is_multiple_of(row) {
+        return bad(format!(
+            "K has {} values, V {}, rows of {row}",
+            k.len(),
+            v.len()
+        ));
+    }
+    let num_slots = k.len() / row;
+    for (i, s) in seqs.iter().enumerate() {
+        let blocks = s.seq_len.div_ceil(s.block_size.max(1));
+        let outside = s.block_table.get(..blocks).is_none_or(|used| {
+            used.iter()
+                .any(|&b| (b as usize + 1) * s.block_size > num_slots)
+        });
+        if s.block_size == 0 || s.query_len > s.seq_len || outside {
+            return bad(format!(
+                "sequence {i}: {} queries of {} tokens in {} blocks of {} over {num_slots} slots",
+                s.query_len,
+                s.seq_len,
+                s.block_table.len(),
+                s.block_size
+            ));
+        }
+    }
+    Ok(())
+}
+
+struct Inputs<'a> {
+    q: &'a [f32],
+    shape: AttentionShape,
+    k: KvRows<'a>,
+    v: KvRows<'a>,
+    seqs: &'a [SeqKeys<'a>],
+}
+
+/// Consecutive query tokens of one sequence, against one KV head, for some of the query heads
+/// that share it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Task {
+    seq: usize,
+    first_token: usize,
+    num_tokens: usize,
+    first_pos: usize,
+    kv_head: usize,
+    /// Within the KV head's group of query heads.
+    first_head: usize,
+    num_heads: usize,
+}
+
+/// Blocks of [`TOKENS_PER_TASK`] tokens × KV heads; where that leaves fewer tasks than threads
+/// (a decode step), each KV head's query heads are split too. The longest tasks come first, so
+/// the pool's last grabs are short ones.
+fn tasks(shape: AttentionShape, seqs: &[SeqKeys]) -> Vec<Task> {
+    let groups = shape.num_heads / shape.kv_heads;
+    let blocks: usize = seqs
+        .iter()
+        .map(|s| s.query_len.div_ceil(TOKENS_PER_TASK))
+        .sum();
+    let threads = candle_core::utils::get_num_threads();
+    let splits = (1..=groups)
+        .find(|&s| groups.is_multiple_of(s) && blocks * shape.kv_heads * s >= threads)
+        .unwrap_or(groups);
+    let heads_per_task = groups / splits;
+    let mut tasks = Vec::new();
+    let mut first_token = 0;
+    for (seq, s) in seqs.iter().enumerate() {
+        let first_pos = s.seq_len - s.query_len;
+        for t0 in (0..s.query_len).step_by(TOKENS_PER_TASK) {
+            for kv_head in 0..shape.kv_heads {
+                for split in 0..splits {
+                    tasks.push(Task {
+                        seq,
+                        first_token: first_token + t0,
+                        num_tokens: TOKENS_PER_TASK.min(s.query_len - t0),
+                        first_pos: first_pos + t0,
+                        kv_head,
+                        first_head: split * heads_per_task,
+                        num_heads: heads_per_task,
+                    });
+                }
+            }
+        }
+        first_token += s.query_len;
+    }
+    tasks.sort_by_key(|t| std::cmp::Reverse(t.first_pos + t.num_tokens));
+    tasks
+}
+
+/// One task's output, `[num_tokens, num_heads, head_dim]`, through `kernel`.
+fn run_task(kernel: AttentionKernel, inputs: &Inputs, task: &Task) -> Vec<f32> {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `flash_attention_with` runs only kernels in `available()`, which lists Avx2
+        // where the CPU has AVX2, FMA and F16C.
+        #[allow(unsafe_code)]
+        AttentionKernel::Avx2 => unsafe { x86::task_avx2(inputs, task) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above; Avx512 is listed where the CPU also has AVX-512 F.
+        #[allow(unsafe_code)]
+        AttentionKernel::Avx512 => unsafe { x86::task_avx512(inputs, task) },
+        _ => task_rows::<4, 16, _>(inputs, task, &PortableRows),
+    }
+}
+
+/// Reads cache rows as f32 for the loop (a type, so each compiled form of the loop gets the
+/// conversion its CPU does best).
+trait ReadRows {
+    fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]);
+}
+
+/// Through `half`'s slice conversions (which detect F16C at run time per call).
+struct PortableRows;
+
+impl ReadRows for PortableRows {
+    #[inline(always)]
+    fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]) {
+        rows.read(start, dst)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86 {
+    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+
+    use super::{task_rows, Inputs, KvRows, ReadRows, Task};
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn task_avx2(inputs: &Inputs, task: &Task) -> Vec<f32> {
+        task_rows::<4, 16, _>(inputs, task, &F16cRows(()))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) fn task_avx512(inputs: &Inputs, task: &Task) -> Vec<f32> {
+        task_rows::<4, 64, _>(inputs, task, &F16cRows(()))
+    }
+
+    /// Converts f16 rows eight values per instruction, inlined into the loop. Its field is
+    /// private, so a value exists only inside the functions above, which run only on CPUs with
+    /// F16C: holding one proves the instruction is there.
+    struct F16cRows(());
+
+    impl ReadRows for F16cRows {
+        #[inline(always)]
+        fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]) {
+            let KvRows::F16(values) = rows else {
+                return rows.read(start, dst);
+            };
+            let src = &values[start..start + dst.len()];
+            let done = dst.len() / 8 * 8;
+            let mut chunks = dst.chunks_exact_mut(8);
+            for (d, s) in (&mut chunks).zip(src.chunks_exact(8)) {
+                // SAFETY: a `F16cRows` exists only where F16C runs (see the type); `s` holds 8
+                // f16 values (16 bytes, read unaligned) and `d` 8 f32 slots (written unaligned).
+                unsafe {
+                    let halves = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
+                    _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(halves));
+                }
+            }
+            for (d, s) in chunks.into_remainder().iter_mut().zip(&src[done..]) {
+                *d = s.to_f32();
+            }
+        }
+    }
+}
+
+/// The task's rows (token-major, then head) folded tile by tile over keys `0..=last position`;
+/// a row folds only the keys at or before its position. Scores come from
+/// [`tile::rows_as_lanes_scores`] for a task of at most [`FEW_ROWS`] rows (decode) and from
+/// [`tile::keys_as_lanes_scores`] in groups of `ROWS` rows × `KC` keys otherwise: the same bits.
+#[inline(always)]
+fn task_rows<const ROWS: usize, const KC: usize, R: ReadRows>(
+    inputs: &Inputs,
+    task: &Task,
+    reader: &R,
+) -> Vec<f32> {
+    let AttentionShape {
+        num_heads,
+        kv_heads,
+        head_dim: d,
+    } = inputs.shape;
+    let dim = d.next_multiple_of(LANES);
+    let groups = num_heads / kv_heads;
+    let rows = task.num_tokens * task.num_heads;
+    let few = rows <= FEW_ROWS;
+    let mut state = RowState::new(rows.next_multiple_of(ROWS), dim);
+    let mut q_t = vec![0f32; if few { d * FEW_ROWS } else { 0 }];
+    for r in 0..rows {
+        let head = task.kv_head * groups + task.first_head + r % task.num_heads;
+        let src = ((task.first_token + r / task.num_heads) * num_heads + head) * d;
+        let q = &inputs.q[src..src + d];
+        state.q[r * dim..r * dim + d].copy_from_slice(q);
+        if few {
+            q.iter()
+                .enumerate()
+                .for_each(|(i, &x)| q_t[i * FEW_ROWS + r] = x);
+        }
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    let seq = &inputs.seqs[task.seq];
+    let last_pos = task.first_pos + task.num_tokens - 1;
+    let mut keys = vec![0f32; KEY_TILE * dim];
+    let mut keys_t = vec![0f32; if few { 0 } else { d * KEY_TILE }];
+    let mut values = vec![0f32; KEY_TILE * dim];
+    let mut visible = vec![0usize; state.max.len()];
+    for tile_start in (0..=last_pos).step_by(KEY_TILE) {
+        let num_keys = KEY_TILE.min(last_pos + 1 - tile_start);
+        for j in 0..num_keys {
+            let start = (seq.slot(tile_start + j) * kv_heads + task.kv_head) * d;
+            reader.read(&inputs.k, start, &mut keys[j * dim..j * dim + d]);
+            reader.read(&inputs.v, start, &mut values[j * dim..j * dim + d]);
+        }
+        if few {
+            tile::rows_as_lanes_scores(&mut state, &q_t, &keys, num_keys, d, scale);
+        } else {
+            transpose(&keys, dim, num_keys.next_multiple_of(KC), d, &mut keys_t);
+            for row0 in (0..rows).step_by(ROWS) {
+                tile::keys_as_lanes_scores::<ROWS, KC>(
+                    &mut state, row0, &keys_t, num_keys, d, scale,
+                );
+            }
+        }
+        for (r, visible) in visible.iter_mut().enumerate() {
+            let pos = task.first_pos + r / task.num_heads;
+            *visible = if r < rows {
+                (pos + 1).saturating_sub(tile_start).min(num_keys)
+            } else {
+                0
+            };
+            tile::softmax_row(&mut state, r, *visible);
+        }
+        for (g, group) in visible.chunks(tile::VALUE_ROWS).enumerate() {
+            let used = group.iter().copied().max().unwrap_or(0);
+            if used > 0 {
+                tile::weighted_values(&mut state, g * tile::VALUE_ROWS, &values, used);
+            }
+        }
+    }
+    let mut out = vec![0f32; rows * d];
+    for (r, o) in out.chunks_exact_mut(d).enumerate() {
+        let sum = state.sum[r];
+        for (o, &acc) in o.iter_mut().zip(&state.out[r * dim..]) {
+            *o = acc / sum;
+        }
+    }
+    out
+}
+
+/// The first `num_keys` rows of `keys` (`[KEY_TILE][dim]`) transposed into `t` (`[d][KEY_TILE]`).
+#[inline(always)]
+fn transpose(keys: &[f32], dim: usize, num_keys: usize, d: usize, t: &mut [f32]) {
+    for j in 0..num_keys {
+        for i in 0..d {
+            t[i * KEY_TILE + j] = keys[j * dim + i];
+        }
+    }
+}
+
+/// [`flash_attention`] on tensors: `q` `[tokens, num_heads, head_dim]` (converted to f32), caches
+/// whose last two dims are `[kv_heads, head_dim]` and whose leading dims count slots
+/// (`[num_blocks, block_size, ..]` or `[capacity, ..]`), contiguous CPU tensors of one float
+/// dtype. Returns `[tokens, num_heads, head_dim]` f32.
+pub fn flash_attention_tensors(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    seqs: &[SeqKeys],
+) -> Result<Tensor> {
+    let (tokens, num_heads, head_dim) = q.dims3()?;
+    let dims = k_cache.dims();
+    if dims.len() < 2 || v_cache.dims() != dims || dims[dims.len() - 1] != head_dim {
+        return Err(OpsError::InvalidArgument(format!(
+            "flash_attention: q {:?}, k cache {dims:?}, v cache {:?}",
+            q.dims(),
+            v_cache.dims()
+        )));
+    }
+    let shape = AttentionShape {
+        num_heads,
+        kv_heads: dims[dims.len() - 2],
+        head_dim,
+    };
+    let q = q.to_dtype(DType::F32)?.contiguous()?;
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let KvRows::F32(qd) = cpu_rows(&qs, ql)? else {
+        return Err(OpsError::InvalidArgument(
+            "flash_attention: f32 queries".into(),
+        ));
+    };
+    let out = flash_attention(qd, shape, cpu_rows(&ks, kl)?, cpu_rows(&vs, vl)?, seqs)?;
+    Ok(Tensor::from_vec(
+        out,
+        (tokens, num_heads, head_dim),
+        q.device(),
+    )?)
+}
+
+/// A contiguous CPU tensor's values.
+fn cpu_rows<'a>(storage: &'a Storage, layout: &Layout) -> Result<KvRows<'a>> {
+    let (start, len) = (layout.start_offset(), layout.shape().elem_count());
+    let Storage::Cpu(cpu) = storage else {
+        return Err(OpsError::InvalidArgument(
+            "flash_attention: CPU tensors only".into(),
+        ));
+    };
+    if !layout.is_contiguous() {
+        return Err(OpsError::InvalidArgument(
+            "flash_attention: contiguous caches only".into(),
+        ));
+    }
+    match cpu {
+        CpuStorage::F32(v) => Ok(KvRows::F32(&v[start..start + len])),
+        CpuStorage::F16(v) => Ok(KvRows::F16(&v[start..start + len])),
+        CpuStorage::BF16(v) => Ok(KvRows::BF16(&v[start..start + len])),
+        _ => Err(OpsError::InvalidArgument(
+            "flash_attention: f32, f16 or bf16 caches only".into(),
+        )),
+    }
+}

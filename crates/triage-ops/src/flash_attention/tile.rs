@@ -1,0 +1,246 @@
+//! The numeric core of flash attention: one task's query rows against one tile of keys, in
+//! register groups of `ROWS` rows. Each row's arithmetic is a fixed sequence of fused
+//! multiply-adds whatever the group, the task or the vector width, so every kernel and every
+//! batching gives the same bits.
+
+/// Values per partial sum of a dot product: `q · k` keeps 16 running sums (lane `x` takes the
+/// elements `x, x + 16, …`) and adds them in one fixed tree, which a 512-bit register holds
+/// whole and a 256-bit one in two halves.
+pub(crate) const LANES: usize = 16;
+
+/// Keys per tile: the online softmax rescales once per tile.
+pub(crate) const KEY_TILE: usize = 64;
+
+/// `a[0] + … + a[15]` added pairwise in a fixed tree.
+#[inline(always)]
+pub(crate) fn lane_sum(mut a: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for x in 0..width {
+            a[x] += a[x + width];
+        }
+        width /= 2;
+    }
+    a[0]
+}
+
+/// `e^x` for `x ≤ 0` to about 2 ulp, branch-free so a loop of it vectorises: Cody–Waite
+/// reduction by ln 2, a degree-6 polynomial (Cephes' `expf` coefficients), and the power of two
+/// put into the exponent bits. Inputs below −87 give the smallest normal value, not 0; callers
+/// zero masked entries themselves.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer
+    let x = x.max(-87.0);
+    let shifted = x.mul_add(std::f32::consts::LOG2_E, ROUND);
+    let n = shifted - ROUND;
+    let r = n.mul_add(-0.693_359_4, x);
+    let r = n.mul_add(2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(r * r, r) + 1.0;
+    // `shifted`'s low mantissa bits hold n + 2²² (n ≥ −126 after the clamp).
+    let n_bits = (shifted.to_bits() as i32) - (ROUND.to_bits() as i32);
+    y * f32::from_bits(((n_bits + 127) << 23) as u32)
+}
+
+/// Query rows of a task that fit in one vector of [`rows_as_lanes_scores`].
+pub(crate) const FEW_ROWS: usize = 8;
+
+/// Rows per register group of the weighted sum of values.
+pub(crate) const VALUE_ROWS: usize = 4;
+
+/// One task's state: its query rows (`dim` values each, zero-padded to a multiple of [`LANES`];
+/// row count padded to a multiple of [`VALUE_ROWS`], the extra rows inactive) with their
+/// running max, sum of weights, weighted values, and this tile's scores (then weights).
+pub(crate) struct RowState {
+    pub dim: usize,
+    pub q: Vec<f32>,
+    pub max: Vec<f32>,
+    pub sum: Vec<f32>,
+    pub out: Vec<f32>,
+    pub p: Vec<f32>,
+}
+
+impl RowState {
+    pub fn new(rows: usize, dim: usize) -> Self {
+        let rows = rows.next_multiple_of(VALUE_ROWS);
+        Self {
+            dim,
+            q: vec![0.0; rows * dim],
+            max: vec![f32::NEG_INFINITY; rows],
+            sum: vec![0.0; rows],
+            out: vec![0.0; rows * dim],
+            p: vec![0.0; rows * KEY_TILE],
+        }
+    }
+}
+
+// Both score loops compute `s[r][j] = (Σ_i q[r][i] · k[j][i]) · scale` as one chain of fused
+// multiply-adds over i = 0, 1, …, d − 1: the same bits, whichever runs.
+
+/// Scores of `ROWS` rows from `row0`, keys as vector lanes: `keys_t` holds the tile transposed
+/// (`[dim][KEY_TILE]`), so each step broadcasts one query value against `KC` keys. For tasks
+/// with many rows, over which the transposition is spread.
+#[inline(always)]
+pub(crate) fn keys_as_lanes_scores<const ROWS: usize, const KC: usize>(
+    state: &mut RowState,
+    row0: usize,
+    keys_t: &[f32],
+    num_keys: usize,
+    d: usize,
+    scale: f32,
+) {
+    let dim = state.dim;
+    for k0 in (0..num_keys).step_by(KC) {
+        let mut acc = [[0f32; KC]; ROWS];
+        for i in 0..d {
+            let k = &keys_t[i * KEY_TILE + k0..i * KEY_TILE + k0 + KC];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qv = state.q[(row0 + r) * dim + i];
+                for x in 0..KC {
+                    acc[x] = qv.mul_add(k[x], acc[x]);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let p = &mut state.p[(row0 + r) * KEY_TILE + k0..(row0 + r) * KEY_TILE + k0 + KC];
+            for (p, &a) in p.iter_mut().zip(acc) {
+                *p = a * scale;
+            }
+        }
+    }
+}
+
+/// Scores of up to [`FEW_ROWS`] rows, rows as vector lanes: `q_t` holds them transposed
+/// (`[d][FEW_ROWS]`) and each step broadcasts one key value against all rows; eight keys at a
+/// time keep eight independent chains. `keys` holds the tile's rows (`[KEY_TILE][dim]`). For
+/// decode, whose few rows would not pay for transposing the keys.
+#[inline(always)]
+pub(crate) fn rows_as_lanes_scores(
+    state: &mut RowState,
+    q_t: &[f32],
+    keys: &[f32],
+    num_keys: usize,
+    d: usize,
+    scale: f32,
+) {
+    const KB: usize = 8;
+    let (dim, rows) = (state.dim, state.max.len().min(FEW_ROWS));
+    for k0 in (0..num_keys).step_by(KB) {
+        let tile = &keys[k0 * dim..(k0 + KB) * dim];
+        let mut acc = [[0f32; FEW_ROWS]; KB];
+        for i in 0..d {
+            let q: &[f32; FEW_ROWS] = q_t[i * FEW_ROWS..(i + 1) * FEW_ROWS]
+                .try_into()
+                .expect("FEW_ROWS values per query column");
+            acc = std::array::from_fn(|j| fma_lanes(tile[j * dim + i], q, &acc[j]));
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for (r, &a) in acc.iter().enumerate().take(rows) {
+                state.p[r * KEY_TILE + k0 + j] = a * scale;
+            }
+        }
+    }
+}
+
+/// `acc + a · b`, lane by lane, fused.
+#[inline(always)]
+fn fma_lanes<const N: usize>(a: f32, b: &[f32; N], acc: &[f32; N]) -> [f32; N] {
+    std::array::from_fn(|x| a.mul_add(b[x], acc[x]))
+}
+
+/// Turns row `row`'s scores into weights for the `visible` keys it sees (the rest weigh 0) and
+/// rescales its max, sum and output once for the tile. A row that sees none keeps its state and
+/// weighs every key 0.
+#[inline(always)]
+pub(crate) fn softmax_row(state: &mut RowState, row: usize, visible: usize) {
+    let p: &mut [f32; KEY_TILE] = (&mut state.p[row * KEY_TILE..(row + 1) * KEY_TILE])
+        .try_into()
+        .expect("KEY_TILE weights per row");
+    if visible == 0 {
+        *p = [0.0; KEY_TILE];
+        return;
+    }
+    let tile_max = p[..visible]
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let old_max = state.max[row];
+    let new_max = old_max.max(tile_max);
+    let rescale = if old_max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_nonpositive(old_max - new_max)
+    };
+    for (j, s) in p.iter_mut().enumerate() {
+        let e = exp_nonpositive(*s - new_max);
+        *s = if j < visible { e } else { 0.0 };
+    }
+    state.max[row] = new_max;
+    state.sum[row] = state.sum[row].mul_add(rescale, tile_sum(p));
+    let dim = state.dim;
+    state.out[row * dim..(row + 1) * dim]
+        .iter_mut()
+        .for_each(|o| *o *= rescale);
+}
+
+/// The tile's weights summed 16 lanes at a time, then in the fixed tree.
+#[inline(always)]
+fn tile_sum(p: &[f32; KEY_TILE]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    for chunk in p.chunks_exact(LANES) {
+        for x in 0..LANES {
+            lanes[x] += chunk[x];
+        }
+    }
+    lane_sum(lanes)
+}
+
+/// `out[r] += Σ_j p[r][j] · v_j` for the [`VALUE_ROWS`] rows from `row0`, over the first
+/// `num_keys` keys, key by key (a row that sees fewer keys weighs the rest 0, which adds exactly
+/// nothing). Two 16-value column chunks at a time keep eight independent chains.
+#[inline(always)]
+pub(crate) fn weighted_values(state: &mut RowState, row0: usize, values: &[f32], num_keys: usize) {
+    let dim = state.dim;
+    let p = &state.p[row0 * KEY_TILE..(row0 + VALUE_ROWS) * KEY_TILE];
+    let out = &mut state.out[row0 * dim..(row0 + VALUE_ROWS) * dim];
+    let pairs = dim / (2 * LANES) * 2 * LANES;
+    for c in (0..pairs).step_by(2 * LANES) {
+        value_columns::<{ 2 * LANES }>(out, p, values, num_keys, dim, c);
+    }
+    for c in (pairs..dim).step_by(LANES) {
+        value_columns::<LANES>(out, p, values, num_keys, dim, c);
+    }
+}
+
+/// [`weighted_values`] for the `W` columns from `c`.
+#[inline(always)]
+fn value_columns<const W: usize>(
+    out: &mut [f32],
+    p: &[f32],
+    values: &[f32],
+    num_keys: usize,
+    dim: usize,
+    c: usize,
+) {
+    let mut acc = [[0f32; W]; VALUE_ROWS];
+    for (r, acc) in acc.iter_mut().enumerate() {
+        acc.copy_from_slice(&out[r * dim + c..r * dim + c + W]);
+    }
+    for j in 0..num_keys {
+        let v = &values[j * dim + c..j * dim + c + W];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let w = p[r * KEY_TILE + j];
+            for x in 0..W {
+                acc[x] = w.mul_add(v[x], acc[x]);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        out[r * dim + c..r * dim + c + W].copy_from_slice(acc);
+    }
+}
