@@ -4,6 +4,7 @@
 
 Usage: benches/e2e_vs_llamacpp.py --triage target/release/triage [--models qwen2.5-coder-0.5b ...]
        [--prompt-tokens 512 2048 8192 16384] [--decode-tokens 64] [--decode-at-length 16]
+       [--llama-flash-attn] [--llama-amx-python PYTHON]
 
 Per model and prompt length N, each engine runs in a process of its own (so its peak resident
 memory is its own): load the model, prefill N tokens in one call, then decode --decode-at-length
@@ -72,13 +73,14 @@ def run_triage(binary, model_path, prompt, max_tokens, threads):
     }
 
 
-def run_llama(python, model_path, prompt, decode_tokens, threads, n_ctx):
+def run_llama(peer, model_path, prompt, decode_tokens, threads, n_ctx):
+    _, python, flash_attn = peer
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(prompt)
     try:
         out, rss, _ = run_measured([python, os.path.abspath(__file__), "--llama-worker",
                                     model_path, f.name, str(decode_tokens), str(threads),
-                                    str(n_ctx)])
+                                    str(n_ctx), str(int(flash_attn))])
     finally:
         os.unlink(f.name)
     result = json.loads(out.strip().splitlines()[-1])
@@ -86,7 +88,7 @@ def run_llama(python, model_path, prompt, decode_tokens, threads, n_ctx):
     return result
 
 
-def llama_worker(model_path, prompt_file, decode_tokens, threads, n_ctx):
+def llama_worker(model_path, prompt_file, decode_tokens, threads, n_ctx, flash_attn):
     """In its own process: load, prefill the prompt in one `eval`, decode greedily."""
     import llama_cpp
     import numpy as np
@@ -94,7 +96,8 @@ def llama_worker(model_path, prompt_file, decode_tokens, threads, n_ctx):
     prompt = open(prompt_file).read()
     start = time.perf_counter()
     llm = Llama(model_path=model_path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, logits_all=False, verbose=False)
+                n_threads_batch=threads, logits_all=False, verbose=False,
+                flash_attn=bool(flash_attn))
     load_s = time.perf_counter() - start
     ids = llm.tokenize(prompt.encode(), add_bos=False, special=False)
     t0 = time.perf_counter()
@@ -119,7 +122,7 @@ def context_length(vocab):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--llama-worker":
-        return llama_worker(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
+        return llama_worker(sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--triage", required=True)
     ap.add_argument("--models", nargs="+",
@@ -129,12 +132,17 @@ def main():
     ap.add_argument("--decode-at-length", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-amx-python", help="a Python whose llama-cpp-python has AMX on")
+    ap.add_argument("--llama-flash-attn", action="store_true",
+                    help="add a column for llama.cpp with flash attention on (off by default in "
+                         "llama-cpp-python)")
     args = ap.parse_args()
     from llama_cpp import Llama, __version__
     print(f"llama-cpp-python {__version__}, threads={args.threads}", flush=True)
-    peers = [("llama.cpp", sys.executable)]
+    peers = [("llama.cpp", sys.executable, False)]
+    if args.llama_flash_attn:
+        peers.append(("llama.cpp+FA", sys.executable, True))
     if args.llama_amx_python:
-        peers.append(("llama.cpp+AMX", args.llama_amx_python))
+        peers.append(("llama.cpp+AMX", args.llama_amx_python, False))
     rows = []
     for name in args.models:
         path = os.path.join(HOME, "models", name, "model.gguf")
@@ -150,8 +158,8 @@ def main():
             prompt = prompt_of(vocab, n)
             ours = run_triage(args.triage, path, prompt, 1 + args.decode_at_length, args.threads)
             n_ctx = n + args.decode_at_length + 64
-            theirs = [run_llama(py, path, prompt, args.decode_at_length, args.threads, n_ctx)
-                      for _, py in peers]
+            theirs = [run_llama(peer, path, prompt, args.decode_at_length, args.threads, n_ctx)
+                      for peer in peers]
             rows.append((name, f"prefill@{n}", ours["prompt_tokens"] / ours["prefill_s"],
                          [t["prompt_tokens"] / t["prefill_s"] for t in theirs], "tok/s"))
             rows.append((name, f"decode@{n}", ours["decode_tokens"] / ours["decode_s"],
@@ -161,8 +169,9 @@ def main():
             print(rows[-4:], flush=True)
         prompt = prompt_of(vocab, 32)
         ours = run_triage(args.triage, path, prompt, 1 + args.decode_tokens, args.threads)
-        theirs = [run_llama(py, path, prompt, args.decode_tokens, args.threads, 32 + args.decode_tokens + 64)
-                  for _, py in peers]
+        theirs = [run_llama(peer, path, prompt, args.decode_tokens, args.threads,
+                            32 + args.decode_tokens + 64)
+                  for peer in peers]
         rows.append((name, "decode", ours["decode_tokens"] / ours["decode_s"],
                      [t["decode_tokens"] / t["decode_s"] for t in theirs], "tok/s"))
         size_gb = os.path.getsize(path) / 1e9
@@ -170,7 +179,7 @@ def main():
               f"triage reaches {rows[-1][2] / (20 / size_gb):.2f} of it", flush=True)
         del vocab
     header = f"\n| model | phase | unit | triage | " + " | ".join(
-        f"{p} | ratio" for p, _ in peers) + " |"
+        f"{p} | ratio" for p, _, _ in peers) + " |"
     print(header)
     print("|" + "---|" * (4 + 2 * len(peers)))
     for name, phase, ours, theirs, unit in rows:

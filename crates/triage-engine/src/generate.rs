@@ -208,12 +208,11 @@ pub fn generate(
     let top_k = reduction_k(params, settings.estimator);
     let transformer = &model.transformer;
     let mut cache = ContiguousKvCache::new(transformer.config().num_layers);
+    cache.reserve(prompt_ids.len() + max_tokens);
     let mut decoder = model.tokenizer.stream_decoder(true);
 
     let start = Instant::now();
-    let positions: Vec<u32> = (0..prompt_ids.len() as u32).collect();
-    let mut logits =
-        transformer.forward(&prompt_ids, &positions, &[prompt_ids.len() - 1], &mut cache)?;
+    let mut logits = prefill(transformer, &prompt_ids, &mut cache)?;
     let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
     let decode_start = Instant::now();
 
@@ -363,6 +362,27 @@ pub fn resolve_max_tokens(
 
 /// Top-k size of the fused reduction: what the request's logprobs need, and 20 for the top-k
 /// entropy estimators.
+/// Prompt tokens per forward pass of a prefill (llama.cpp's micro-batch): a long prompt's
+/// activations (the MLP's are `chunk × intermediate` f32 values) stay a fixed size instead of
+/// growing with the prompt. Every row gives the same bits whatever the chunking.
+pub const PREFILL_CHUNK: usize = 512;
+
+/// Runs `prompt_ids` into `cache` in chunks of [`PREFILL_CHUNK`]; returns the last token's
+/// logits.
+fn prefill(
+    transformer: &triage_models::transformer::Transformer,
+    prompt_ids: &[u32],
+    cache: &mut ContiguousKvCache,
+) -> Result<Tensor> {
+    let mut logits = None;
+    for (i, chunk) in prompt_ids.chunks(PREFILL_CHUNK).enumerate() {
+        let first = (i * PREFILL_CHUNK) as u32;
+        let positions: Vec<u32> = (first..first + chunk.len() as u32).collect();
+        logits = Some(transformer.forward(chunk, &positions, &[chunk.len() - 1], cache)?);
+    }
+    logits.ok_or_else(|| EngineError::Invalid("the prompt is empty".into()))
+}
+
 fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {
     match estimator {
         EntropyEstimator::TopKRenormalized | EntropyEstimator::TopKResidual => MAX_TOP_K,

@@ -523,7 +523,7 @@ fn two_models_run_side_by_side_with_their_own_budgets() {
     let per_block = triage_models::paged_kv_cache::PagedKvCache::bytes_per_block(
         cfg,
         4,
-        candle_core::DType::F32,
+        triage_models::paged_kv_cache::default_kv_dtype(&candle_core::Device::Cpu),
     );
     assert_eq!(
         set.get("lc").unwrap().scheduler().kv().pool().num_total() + 1,

@@ -56,7 +56,7 @@ pub struct ModelEntry {
     /// Where the model runs: `"cpu"` (default), `"cuda"` or `"cuda:N"`.
     #[serde(default)]
     pub device: DeviceSpec,
-    /// KV-cache dtype: `"bf16"`, `"f16"` or `"f32"`; default bf16 on a GPU, f32 on the CPU.
+    /// KV-cache dtype: `"bf16"`, `"f16"` or `"f32"`; default bf16 on a GPU, f16 on the CPU.
     #[serde(default)]
     pub kv_dtype: Option<String>,
 }

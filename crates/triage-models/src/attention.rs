@@ -1,9 +1,10 @@
 //! The interface between the model's forward pass and KV storage: the model hands each layer's
 //! new Q, K, V to an `AttentionBackend`, which stores K/V and returns attention outputs. The
-//! contiguous single-sequence cache here is the first backend (and later the test reference for
-//! the paged one).
+//! contiguous single-sequence cache here is the one `generate` uses (one sequence, no block
+//! bookkeeping).
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
+use triage_ops::flash_attention::{flash_attention_tensors, SeqKeys};
 
 use crate::{ModelError, Result};
 
@@ -19,22 +20,24 @@ pub trait AttentionBackend {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
 }
 
-/// A growable contiguous K/V cache for one sequence. Keys are kept transposed
-/// (`[kv_heads, head_dim, capacity]`) and values as they come (`[kv_heads, capacity, head_dim]`),
-/// so attention multiplies views of the filled positions in place: a decode step reads its keys
-/// once instead of copying and transposing the whole cache (which made decode at 2,048 tokens
-/// run at a third of its short-context speed).
+/// A growable contiguous K/V cache for one sequence: per layer `[capacity, kv_heads, head_dim]`,
+/// the layout of one paged block, so on the CPU it is read in place by the same flash-attention
+/// loop as the paged cache (a prompt gives the same bits through either). Stored in f16 on the
+/// CPU unless told otherwise (half of f32's bytes, as llama.cpp keeps it), in K's own dtype on a
+/// GPU. Room is made for [`Self::reserve`]d tokens at once, else by doubling, so a long prompt
+/// prefilled in chunks is not copied at every chunk.
 #[derive(Debug)]
 pub struct ContiguousKvCache {
     layers: Vec<Option<LayerCache>>,
-    capacity_step: usize,
+    reserved: usize,
+    dtype: Option<DType>,
 }
 
 #[derive(Debug)]
 struct LayerCache {
-    /// `[kv_heads, head_dim, capacity]`.
-    k_t: Tensor,
-    /// `[kv_heads, capacity, head_dim]`.
+    /// `[capacity, kv_heads, head_dim]`.
+    k: Tensor,
+    /// `[capacity, kv_heads, head_dim]`.
     v: Tensor,
     len: usize,
 }
@@ -43,8 +46,28 @@ impl ContiguousKvCache {
     pub fn new(num_layers: usize) -> Self {
         Self {
             layers: (0..num_layers).map(|_| None).collect(),
-            capacity_step: 512,
+            reserved: 0,
+            dtype: None,
         }
+    }
+
+    /// A cache that stores K and V in `dtype` (f32, f16 or bf16).
+    pub fn with_dtype(num_layers: usize, dtype: DType) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(ModelError::Invalid(format!(
+                "a {dtype:?} KV cache: caches are f32, f16 or bf16"
+            )));
+        }
+        Ok(Self {
+            dtype: Some(dtype),
+            ..Self::new(num_layers)
+        })
+    }
+
+    /// Make room for `tokens` in all at the next growth (a generation knows its prompt and
+    /// token limit; one allocation then holds it all).
+    pub fn reserve(&mut self, tokens: usize) {
+        self.reserved = tokens;
     }
 
     /// Tokens stored (in layer 0).
@@ -67,41 +90,45 @@ impl ContiguousKvCache {
         }
     }
 
-    /// Store `k`, `v` after the layer's tokens; returns the layer, holding them.
+    /// Store `k`, `v` (`[kv_heads, n, head_dim]`) after the layer's tokens; returns the layer,
+    /// holding them.
     fn append(&mut self, layer_idx: usize, k: &Tensor, v: &Tensor) -> Result<&LayerCache> {
+        let dtype = match self.dtype {
+            Some(dtype) => dtype,
+            None if k.device().is_cpu() => DType::F16,
+            None => k.dtype(),
+        };
+        let reserved = self.reserved;
         let slot = self
             .layers
             .get_mut(layer_idx)
             .ok_or_else(|| ModelError::Invalid(format!("layer {layer_idx} out of range")))?;
         let (kv_heads, n, head_dim) = k.dims3()?;
-        let step = self.capacity_step;
-        let fits = match slot.as_ref() {
-            Some(layer) => layer.v.dim(1)? >= layer.len + n,
-            None => false,
-        };
-        if !fits {
-            let old_len = slot.as_ref().map_or(0, |l| l.len);
-            let capacity = (old_len + n).div_ceil(step) * step;
-            let (dtype, device) = (k.dtype(), k.device().clone());
-            let k_t = Tensor::zeros((kv_heads, head_dim, capacity), dtype, &device)?;
-            let new_v = Tensor::zeros((kv_heads, capacity, head_dim), dtype, &device)?;
-            if let Some(old) = slot.as_ref() {
-                if old.len > 0 {
-                    k_t.slice_set(&old.k_t.narrow(2, 0, old.len)?.contiguous()?, 2, 0)?;
-                    new_v.slice_set(&old.v.narrow(1, 0, old.len)?.contiguous()?, 1, 0)?;
-                }
+        let old = slot
+            .as_ref()
+            .map_or((0, 0), |l| (l.len, l.k.dim(0).unwrap_or(0)));
+        let (len, capacity) = old;
+        if len + n > capacity {
+            let capacity = (len + n).max(reserved).max(2 * capacity);
+            let shape = (capacity, kv_heads, head_dim);
+            let new_k = Tensor::zeros(shape, dtype, k.device())?;
+            let new_v = Tensor::zeros(shape, dtype, k.device())?;
+            if let Some(old) = slot.as_ref().filter(|l| l.len > 0) {
+                new_k.slice_set(&old.k.narrow(0, 0, old.len)?, 0, 0)?;
+                new_v.slice_set(&old.v.narrow(0, 0, old.len)?, 0, 0)?;
             }
             *slot = Some(LayerCache {
-                k_t,
+                k: new_k,
                 v: new_v,
-                len: old_len,
+                len,
             });
         }
         let layer = slot
             .as_mut()
             .ok_or_else(|| ModelError::Invalid("layer cache missing after growth".into()))?;
-        layer.k_t.slice_set(&k.t()?.contiguous()?, 2, layer.len)?;
-        layer.v.slice_set(&v.contiguous()?, 1, layer.len)?;
+        let rows = |x: &Tensor| x.transpose(0, 1)?.to_dtype(dtype)?.contiguous();
+        layer.k.slice_set(&rows(k)?, 0, layer.len)?;
+        layer.v.slice_set(&rows(v)?, 0, layer.len)?;
         layer.len += n;
         Ok(layer)
     }
@@ -110,9 +137,27 @@ impl ContiguousKvCache {
 impl AttentionBackend for ContiguousKvCache {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let layer = self.append(layer_idx, k, v)?;
-        let k_t = layer.k_t.narrow(2, 0, layer.len)?;
-        let v_all = layer.v.narrow(1, 0, layer.len)?;
-        Ok(causal_attention_kt(q, &k_t, &v_all)?)
+        let (num_heads, n, head_dim) = q.dims3()?;
+        if q.device().is_cpu() {
+            let table = [0u32];
+            let seq = SeqKeys {
+                block_table: &table,
+                block_size: layer.k.dim(0)?,
+                seq_len: layer.len,
+                query_len: n,
+            };
+            let q = q.transpose(0, 1)?.contiguous()?; // [n, heads, d]
+            let out = flash_attention_tensors(&q, &layer.k, &layer.v, &[seq])?;
+            return Ok(out.reshape((n, num_heads * head_dim))?);
+        }
+        // On a GPU: K and V as `[kv_heads, len, d]` in the query's dtype, then dense attention.
+        let all = |x: &Tensor| -> Result<Tensor> {
+            Ok(x.narrow(0, 0, layer.len)?
+                .transpose(0, 1)?
+                .to_dtype(q.dtype())?
+                .contiguous()?)
+        };
+        Ok(causal_attention(q, &all(&layer.k)?, &all(&layer.v)?)?)
     }
 }
 
@@ -156,8 +201,7 @@ mod tests {
         let (q, k, v) = (randn((4, 40, 8)), randn((2, 40, 8)), randn((2, 40, 8)));
         let mut one = ContiguousKvCache::new(1);
         let full = one.attend(0, &q, &k, &v).unwrap();
-        let mut steps = ContiguousKvCache::new(1);
-        steps.capacity_step = 16; // force re-allocation while growing
+        let mut steps = ContiguousKvCache::new(1); // grows (copying what it holds) at 30 and 31
         let mut parts = Vec::new();
         for (start, len) in [(0, 30), (30, 1), (31, 9)] {
             let part = steps
@@ -172,6 +216,14 @@ mod tests {
         }
         let stepped = Tensor::cat(&parts, 0).unwrap();
         assert_eq!(steps.seq_len(), 40);
-        assert!(max_abs_diff(&full, &stepped) < 1e-5);
+        // Each row attends alone, in a fixed order: the same bits in steps as in one pass.
+        let rows = |t: &Tensor| t.to_vec2::<f32>().unwrap();
+        assert_eq!(rows(&full), rows(&stepped));
+        // Stored in f16 by default, near the f32 reference.
+        let reference = causal_attention_slow(&q, &k, &v).unwrap();
+        assert!(max_abs_diff(&full, &reference) < 2e-3);
+        let mut exact = ContiguousKvCache::with_dtype(1, candle_core::DType::F32).unwrap();
+        let full_f32 = exact.attend(0, &q, &k, &v).unwrap();
+        assert!(max_abs_diff(&full_f32, &reference) < 2e-5);
     }
 }

@@ -4,6 +4,7 @@
 //! decodes) run in one batch. A step checks and uploads its metadata once, for every layer.
 
 use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
 use triage_ops::paged_attention::{
     paged_attention_planned, reshape_and_cache_mapped, slot_of, PagedAttentionMetadata,
     PagedAttentionPlan, SlotMapping,
@@ -26,8 +27,7 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// Allocate `num_blocks` blocks per layer in `dtype` on `device`, filled with `fill` (tests
-    /// use NaN). CPU caches are f32 (the CPU attention loops read f32); a GPU's may be bf16, f16
-    /// or f32.
+    /// use NaN). Caches are f32, f16 or bf16, on the CPU as on a GPU.
     pub fn new(
         config: &ModelConfig,
         num_blocks: usize,
@@ -41,16 +41,21 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(config.num_layers);
         let mut v = Vec::with_capacity(config.num_layers);
         // Made in `dtype` directly: an f32 tensor first would briefly take twice a bf16 budget.
-        // On the CPU the blocks are written now, even with zeros: zeroed memory is mapped
-        // lazily, and the block pool cycles through every block, so resident memory would
-        // otherwise creep up by the whole budget under load (it looked like a leak in the soak
-        // benchmark). `resize` writes every element (a memset), unlike `vec![0.0; n]`.
+        // On the CPU the blocks are written now, even with zeros (see `written`).
         let num_elements = num_blocks * block_size * config.num_kv_heads * config.head_dim;
         let filled = || -> Result<Tensor> {
-            if device.is_cpu() && dtype == DType::F32 {
-                let mut data: Vec<f32> = Vec::with_capacity(num_elements);
-                data.resize(num_elements, fill);
-                return Ok(Tensor::from_vec(data, shape, device)?);
+            if device.is_cpu() {
+                return Ok(match dtype {
+                    DType::F16 => {
+                        Tensor::from_vec(written(num_elements, f16::from_f32(fill)), shape, device)?
+                    }
+                    DType::BF16 => Tensor::from_vec(
+                        written(num_elements, bf16::from_f32(fill)),
+                        shape,
+                        device,
+                    )?,
+                    _ => Tensor::from_vec(written(num_elements, fill), shape, device)?,
+                });
             }
             let zeros = Tensor::zeros(shape, dtype, device)?;
             Ok(if fill == 0.0 {
@@ -173,26 +178,33 @@ impl PagedKvCache {
     }
 }
 
+/// `n` copies of `value` in memory that is written now: zeroed memory is mapped lazily, and the
+/// block pool cycles through every block, so resident memory would otherwise creep up by the
+/// whole budget under load (it looked like a leak in the soak benchmark). `resize` writes every
+/// element, unlike `vec![0.0; n]`.
+fn written<T: Copy>(n: usize, value: T) -> Vec<T> {
+    let mut data = Vec::with_capacity(n);
+    data.resize(n, value);
+    data
+}
+
 /// The KV dtype a device gets unless configured: bf16 on a GPU (half the bytes, the models' own
-/// precision), f32 on the CPU (whose attention loops read f32).
+/// precision); f16 on the CPU (half the bytes of f32, and three more mantissa bits than bf16;
+/// what llama.cpp keeps too).
 pub fn default_kv_dtype(device: &Device) -> DType {
     match device {
-        Device::Cpu => DType::F32,
+        Device::Cpu => DType::F16,
         _ => DType::BF16,
     }
 }
 
-/// A KV dtype the device's attention can read: f32 on the CPU; bf16, f16 or f32 on a GPU.
+/// A KV dtype the attention kernels read: f32, f16 or bf16, on the CPU and on a GPU.
 pub fn check_kv_dtype(dtype: DType, device: &Device) -> Result<()> {
-    let ok = match device {
-        Device::Cpu => dtype == DType::F32,
-        _ => matches!(dtype, DType::F32 | DType::F16 | DType::BF16),
-    };
-    if ok {
+    if matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Ok(());
     }
     Err(crate::ModelError::Invalid(format!(
-        "a {dtype:?} KV cache on {device:?}: the CPU keeps f32 caches; a GPU bf16, f16 or f32"
+        "a {dtype:?} KV cache on {device:?}: caches are f32, f16 or bf16"
     )))
 }
 

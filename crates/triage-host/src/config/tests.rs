@@ -219,7 +219,7 @@ fn the_readme_example_parses() {
     assert_eq!(config.models.len(), 2);
     assert_eq!(config.models[0].device, DeviceSpec::Cpu);
     let engine = config.models[0].engine_config().unwrap();
-    assert_eq!(engine.kv_dtype, Some(candle_core::DType::F32));
+    assert_eq!(engine.kv_dtype, Some(candle_core::DType::F16));
     // The second entry leaves both to the device's defaults.
     assert_eq!(config.models[1].kv_dtype, None);
     let gpu = TriageConfig::from_toml_str(
