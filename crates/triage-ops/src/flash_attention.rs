@@ -170,7 +170,7 @@ pub fn flash_attention_with(
         v,
         seqs,
     };
-    let tasks = tasks(shape, seqs);
+    let tasks = tasks(shape, seqs, candle_core::utils::get_num_threads());
     let results = crate::pool::map(tasks.len(), |i| run_task(kernel, &inputs, &tasks[i]));
     let (heads, d) = (shape.num_heads, shape.head_dim);
     let groups = heads / shape.kv_heads;
@@ -252,16 +252,15 @@ struct Task {
     num_heads: usize,
 }
 
-/// Blocks of [`TOKENS_PER_TASK`] tokens × KV heads; where that leaves fewer tasks than threads
-/// (a decode step), each KV head's query heads are split too. The longest tasks come first, so
-/// the pool's last grabs are short ones.
-fn tasks(shape: AttentionShape, seqs: &[SeqKeys]) -> Vec<Task> {
+/// Blocks of [`TOKENS_PER_TASK`] tokens × KV heads; where that leaves fewer tasks than
+/// `threads` (a decode step), each KV head's query heads are split too. The longest tasks come
+/// first, so the pool's last grabs are short ones.
+fn tasks(shape: AttentionShape, seqs: &[SeqKeys], threads: usize) -> Vec<Task> {
     let groups = shape.num_heads / shape.kv_heads;
     let blocks: usize = seqs
         .iter()
         .map(|s| s.query_len.div_ceil(TOKENS_PER_TASK))
         .sum();
-    let threads = candle_core::utils::get_num_threads();
     let splits = (1..=groups)
         .find(|&s| groups.is_multiple_of(s) && blocks * shape.kv_heads * s >= threads)
         .unwrap_or(groups);

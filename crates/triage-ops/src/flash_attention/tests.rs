@@ -288,3 +288,33 @@ fn lane_sum_adds_in_its_fixed_tree() {
     };
     assert_eq!(lane_sum(a).to_bits(), tree(&a).to_bits());
 }
+
+#[test]
+fn a_decode_step_splits_its_heads_until_every_thread_has_a_task() {
+    let table = [0u32];
+    let decode = [SeqKeys {
+        block_table: &table,
+        block_size: 64,
+        seq_len: 50,
+        query_len: 1,
+    }];
+    let qwen = shape(12, 2, 128);
+    // (threads, tasks, query heads per task): 2 KV heads serve 2 threads; 4 threads split each
+    // KV head's 6 query heads in two; past 12 threads there is nothing left to split.
+    for (threads, num_tasks, heads) in [(1, 2, 6), (2, 2, 6), (4, 4, 3), (5, 6, 2), (16, 12, 1)] {
+        let tasks = tasks(qwen, &decode, threads);
+        assert_eq!(tasks.len(), num_tasks, "{threads} threads");
+        assert!(tasks.iter().all(|t| t.num_heads == heads));
+        let covered: usize = tasks.iter().map(|t| t.num_heads).sum();
+        assert_eq!(covered, 12);
+    }
+    // A prefill of 40 tokens: 3 blocks of up to 16 tokens per KV head, the latest first.
+    let prefill = [SeqKeys {
+        query_len: 40,
+        ..decode[0]
+    }];
+    let tasks = tasks(qwen, &prefill, 2);
+    assert_eq!(tasks.len(), 6);
+    assert_eq!((tasks[0].first_pos, tasks[0].num_tokens), (42, 8));
+    assert_eq!((tasks[5].first_pos, tasks[5].num_tokens), (10, 16));
+}
