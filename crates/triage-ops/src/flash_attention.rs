@@ -310,6 +310,9 @@ fn run_task(kernel: AttentionKernel, inputs: &Inputs, task: &Task) -> Vec<f32> {
 /// conversion its CPU does best).
 trait ReadRows {
     fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]);
+
+    /// Asks for the `len` values from `start` to be on their way into cache (a hint).
+    fn prefetch(&self, _rows: &KvRows, _start: usize, _len: usize) {}
 }
 
 /// Through `half`'s slice conversions (which detect F16C at run time per call).
@@ -325,7 +328,9 @@ impl ReadRows for PortableRows {
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86 {
-    use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+    use std::arch::x86_64::{
+        __m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128, _mm_prefetch, _MM_HINT_T0,
+    };
 
     use super::{task_rows, Inputs, KvRows, ReadRows, Task};
 
@@ -363,6 +368,18 @@ mod x86 {
             }
             for (d, s) in chunks.into_remainder().iter_mut().zip(&src[done..]) {
                 *d = s.to_f32();
+            }
+        }
+
+        #[inline(always)]
+        fn prefetch(&self, rows: &KvRows, start: usize, len: usize) {
+            let KvRows::F16(values) = rows else {
+                return;
+            };
+            // 32 f16 values per 64-byte line.
+            for line in values[start..start + len].chunks(32) {
+                // SAFETY: a prefetch is a hint that never faults; the address is in `values`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
             }
         }
     }
@@ -409,10 +426,18 @@ fn task_rows<const ROWS: usize, const KC: usize, R: ReadRows>(
     let mut visible = vec![0usize; state.max.len()];
     for tile_start in (0..=last_pos).step_by(KEY_TILE) {
         let num_keys = KEY_TILE.min(last_pos + 1 - tile_start);
+        let next_keys = (last_pos + 1).saturating_sub(tile_start + KEY_TILE);
         for j in 0..num_keys {
             let start = (seq.slot(tile_start + j) * kv_heads + task.kv_head) * d;
             reader.read(&inputs.k, start, &mut keys[j * dim..j * dim + d]);
             reader.read(&inputs.v, start, &mut values[j * dim..j * dim + d]);
+            // The same key of the next tile starts its way from memory while this tile computes
+            // (the rows of one KV head are strided, which the hardware prefetcher follows late).
+            if j < next_keys {
+                let next = (seq.slot(tile_start + KEY_TILE + j) * kv_heads + task.kv_head) * d;
+                reader.prefetch(&inputs.k, next, d);
+                reader.prefetch(&inputs.v, next, d);
+            }
         }
         if few {
             tile::rows_as_lanes_scores(&mut state, &q_t, &keys, num_keys, d, scale);
