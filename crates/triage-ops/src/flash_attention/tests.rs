@@ -114,6 +114,16 @@ impl Case {
     }
 }
 
+/// A sequence whose keys fill one block of `block_size` slots from slot 0 (the contiguous layout).
+fn one_block(block_size: usize, seq_len: usize, query_len: usize) -> SeqKeys<'static> {
+    SeqKeys {
+        block_table: &[0],
+        block_size,
+        seq_len,
+        query_len,
+    }
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -254,14 +264,7 @@ fn tensors_in_the_paged_and_contiguous_layouts_give_the_same_bits() {
     let k = Tensor::from_vec(k, (96, 2, 32), &Device::Cpu).unwrap();
     let v = Tensor::from_vec(v, (96, 2, 32), &Device::Cpu).unwrap();
     let q = Tensor::from_vec(case.q.clone(), (70, 4, 32), &Device::Cpu).unwrap();
-    let table = [0u32];
-    let seqs = [SeqKeys {
-        block_table: &table,
-        block_size: 96,
-        seq_len: 70,
-        query_len: 70,
-    }];
-    let out = flash_attention_tensors(&q, &k, &v, &seqs).unwrap();
+    let out = flash_attention_tensors(&q, &k, &v, &[one_block(96, 70, 70)]).unwrap();
     assert_eq!(out.flatten_all().unwrap().to_vec1::<f32>().unwrap(), paged);
 }
 
@@ -291,13 +294,7 @@ fn lane_sum_adds_in_its_fixed_tree() {
 
 #[test]
 fn a_decode_step_splits_its_heads_until_every_thread_has_a_task() {
-    let table = [0u32];
-    let decode = [SeqKeys {
-        block_table: &table,
-        block_size: 64,
-        seq_len: 50,
-        query_len: 1,
-    }];
+    let decode = [one_block(64, 50, 1)];
     let qwen = shape(12, 2, 128);
     // (threads, tasks, query heads per task): 2 KV heads serve 2 threads; 4 threads split each
     // KV head's 6 query heads in two; past 12 threads there is nothing left to split.
