@@ -84,7 +84,7 @@ impl RowState {
 // multiply-adds over i = 0, 1, …, d − 1: the same bits, whichever runs.
 
 /// Scores of `ROWS` rows from `row0`, keys as vector lanes: `keys_t` holds the tile transposed
-/// (`[dim][KEY_TILE]`), so each step broadcasts one query value against `KC` keys. For tasks
+/// (`[d][KEY_TILE]`), so each step broadcasts one query value against `KC` keys. For tasks
 /// with many rows, over which the transposition is spread.
 #[inline(always)]
 pub(crate) fn keys_as_lanes_scores<const ROWS: usize, const KC: usize>(
