@@ -8,9 +8,7 @@ use triage_ops::flash_attention::{flash_attention_tensors, SeqKeys};
 
 use crate::{ModelError, Result};
 
-pub use triage_ops::causal_attention::{
-    causal_attention, causal_attention_kt, causal_attention_slow, QUERY_CHUNK,
-};
+pub use triage_ops::causal_attention::{causal_attention, causal_attention_slow};
 
 /// KV storage plus attention for one forward pass.
 pub trait AttentionBackend {

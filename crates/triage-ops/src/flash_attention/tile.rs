@@ -1,11 +1,11 @@
-//! The numeric core of flash attention: one task's query rows against one tile of keys, in
-//! register groups of `ROWS` rows. Each row's arithmetic is a fixed sequence of fused
-//! multiply-adds whatever the group, the task or the vector width, so every kernel and every
-//! batching gives the same bits.
+//! The numeric core of flash attention: one task's query rows against one tile of keys (scores,
+//! the online softmax, the weighted values), in register groups of rows. Each row's arithmetic is
+//! a fixed sequence of fused multiply-adds whatever the group, the task or the vector width, so
+//! every kernel and every batching gives the same bits.
 
-/// Values per partial sum of a dot product: `q · k` keeps 16 running sums (lane `x` takes the
-/// elements `x, x + 16, …`) and adds them in one fixed tree, which a 512-bit register holds
-/// whole and a 256-bit one in two halves.
+/// Columns per vector chunk: a row's values are padded to a multiple of it and summed in chunks of
+/// it (a 512-bit register whole, a 256-bit one in two halves); a tile's weights are summed in as
+/// many lanes, then in one fixed tree.
 pub(crate) const LANES: usize = 16;
 
 /// Keys per tile: the online softmax rescales once per tile.
