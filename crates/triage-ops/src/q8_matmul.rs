@@ -13,6 +13,8 @@ use crate::{OpsError, Result};
 
 mod cpu;
 mod pairs;
+#[cfg(target_arch = "x86_64")]
+mod weight_pairs;
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
@@ -349,23 +351,28 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_alone_as_in_a_batch_with_every_kernel() {
-        // 70 rows span two row chunks (64 + 6); 300 weight rows span many tasks and an odd tail.
-        let (w, a) = (matrix(300, 128, 3), matrix(70, 128, 4));
-        for &kernel in Q8Kernel::available() {
-            let batch = q8_matmul_quantized(&a, &w, kernel);
-            for row in [0, 1, 63, 64, 69] {
-                let one = Q8Matrix {
-                    rows: 1,
-                    cols: a.cols,
-                    scales: a.scales[row * 4..(row + 1) * 4].to_vec(),
-                    quants: a.quants[row * 128..(row + 1) * 128].to_vec(),
-                };
-                let alone = q8_matmul_quantized(&one, &w, kernel);
-                assert_eq!(
-                    alone,
-                    batch[row * 300..(row + 1) * 300],
-                    "{kernel:?}, row {row}"
-                );
+        // 70 rows span two row chunks (64 + 6); 300 and 301 weight rows span many tasks and a
+        // short tail, the odd one with a weight row that a decode step's paired kernel pairs
+        // with itself; 896 columns (28 blocks) a scale run of 16 and a short one.
+        for (n, k) in [(300, 128), (301, 896)] {
+            let (w, a) = (matrix(n, k, 3), matrix(70, k, 4));
+            let kb = k / QK8_0;
+            for &kernel in Q8Kernel::available() {
+                let batch = q8_matmul_quantized(&a, &w, kernel);
+                for row in [0, 1, 63, 64, 69] {
+                    let one = Q8Matrix {
+                        rows: 1,
+                        cols: a.cols,
+                        scales: a.scales[row * kb..(row + 1) * kb].to_vec(),
+                        quants: a.quants[row * k..(row + 1) * k].to_vec(),
+                    };
+                    let alone = q8_matmul_quantized(&one, &w, kernel);
+                    assert_eq!(
+                        alone,
+                        batch[row * n..(row + 1) * n],
+                        "{kernel:?}, row {row}, [{n}, {k}]"
+                    );
+                }
             }
         }
     }

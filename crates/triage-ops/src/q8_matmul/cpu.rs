@@ -26,7 +26,12 @@ pub(super) fn available() -> Vec<Q8Kernel> {
             if has!("avxvnni") {
                 kernels.push(Q8Kernel::AvxVnni);
             }
-            if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+            if has!("avx512f")
+                && has!("avx512vl")
+                && has!("avx512bw")
+                && has!("avx512dq")
+                && has!("avx512vnni")
+            {
                 kernels.push(Q8Kernel::Avx512Vnni);
                 kernels.push(Q8Kernel::Avx512VnniPairs);
             }
@@ -77,6 +82,17 @@ pub(super) fn tiles(
     };
     debug_assert!(w0 + num_w <= w.rows && a0 + num_a <= a.rows && w.cols == a.cols);
     debug_assert!(dst.len() >= num_w * num_a);
+    #[cfg(target_arch = "x86_64")]
+    if num_a == 1 && matches!(kernel, Q8Kernel::Avx512Vnni | Q8Kernel::Avx512VnniPairs) {
+        assert!(w0 + num_w <= w.rows && a0 < a.rows && w.cols == a.cols && dst.len() >= num_w);
+        // SAFETY: `kernel` came from `available()`, which offers it only where the CPU has
+        // AVX-512 F/BW/VL/DQ and VNNI; the ranges were checked just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            super::weight_pairs::rows(w, w0, num_w, a, a0, dst)
+        };
+        return;
+    }
     for wr in (0..num_w).step_by(TILE_W) {
         let tw = TILE_W.min(num_w - wr);
         for ar in (a0..a0 + num_a).step_by(TILE_A) {
