@@ -32,14 +32,17 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
         for pair in 0..16 {
             // Group pair `pair` is sub-block `pair` (16 values): groups 2·pair and 2·pair + 1.
             let qh = _mm512_loadu_si512(tile.add(QH_AT + pair * 64) as *const _);
-            _mm_prefetch::<_MM_HINT_T0>(
+            // The next tile into L2, not L1: three lines a pair prefetched into L1 held its fill
+            // buffers, and the loads waited behind them (a 1.5B step's Q6_K 23 → 15 ms,
+            // `ops_decode_stream`).
+            _mm_prefetch::<_MM_HINT_T1>(
                 tile.wrapping_add(TILE_BYTES + QH_AT + pair * 64) as *const i8
             );
             let mut p = [_mm512_setzero_si512(); C];
             for h in 0..2 {
                 let g = 2 * pair + h;
                 let at = QL_AT + g * 64;
-                _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
                 let ql = _mm512_loadu_si512(tile.add(at) as *const _);
                 let high = |shift: u32| {
                     let h = _mm512_srl_epi16(qh, _mm_cvtsi32_si128(shift as i32));
@@ -109,7 +112,7 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                 for h in 0..2 {
                     let g = 2 * pair + h;
                     let at = QL_AT + g * 64 + 32 * half;
-                    _mm_prefetch::<_MM_HINT_T0>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
                     let ql = _mm256_loadu_si256(tile.add(at) as *const __m256i);
                     let high = |shift: u32| {
                         let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift as i32));
