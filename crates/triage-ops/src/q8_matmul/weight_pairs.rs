@@ -13,8 +13,6 @@ use super::{Q8Matrix, QK8_0};
 
 /// Row pairs per register tile: 4 accumulators, 8 rows' scale vectors and a few temporaries.
 const TILE_P: usize = 4;
-/// How far ahead (bytes) a prefetch still goes into L1 (32 KiB) rather than L2.
-const NEAR_BYTES: usize = 16 << 10;
 /// Blocks whose scales are loaded and multiplied at once (one 512-bit vector of f32).
 const SCALE_RUN: usize = 16;
 
@@ -54,12 +52,12 @@ pub(super) unsafe fn rows(
     }
 }
 
-/// Prefetch the next tile's share for block `b`: the 2P rows after this tile's (contiguous, as
-/// its scales are) stream in linearly, 2P · 32 bytes and 2P scales per block, while this tile
-/// computes. A decode step's rows (896 bytes in the 0.5B) are too short for the hardware
-/// prefetcher, which leaves every load to miss without this (19 → 32 GB/s in `ops_decode_stream`).
-/// Into L1 where the next tile is near enough to stay there, else into L2. Prefetches never fault,
-/// so a last tile's reach past the matrix is harmless (`wrapping_add`).
+/// Prefetch the next tile's share for block `b` into L2: the 2P rows after this tile's
+/// (contiguous, as its scales are) stream in linearly, 2P · 32 bytes and 2P scales per block,
+/// while this tile computes. A decode step's rows (896 bytes in the 0.5B) are too short for the
+/// hardware prefetcher, which leaves every load to miss without this (19 → 30 GB/s in
+/// `ops_decode_stream`); into L1 instead of L2 was no faster. Prefetches never fault, so a last
+/// tile's reach past the matrix is harmless (`wrapping_add`).
 #[inline(always)]
 fn prefetch_next_tile<const P: usize>(wq: *const i8, ws: *const f32, cols: usize, b: usize) {
     let kb = cols / QK8_0;
@@ -67,17 +65,10 @@ fn prefetch_next_tile<const P: usize>(wq: *const i8, ws: *const f32, cols: usize
     let scales = ws.wrapping_add(2 * P * kb + b * 2 * P) as *const i8;
     // SAFETY: prefetching is a hint that never faults, whatever the address.
     unsafe {
-        if 2 * P * cols <= NEAR_BYTES {
-            for line in 0..P {
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line));
-            }
-            _mm_prefetch::<_MM_HINT_T0>(scales);
-        } else {
-            for line in 0..P {
-                _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line));
-            }
-            _mm_prefetch::<_MM_HINT_T1>(scales);
+        for line in 0..P {
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * line));
         }
+        _mm_prefetch::<_MM_HINT_T1>(scales);
     }
 }
 
