@@ -23,31 +23,45 @@ enum Weight {
 /// `(type, rows, cols)`; `None` is Q8_0. Q/K/V and gate/up are stacked as the model stacks them.
 type Shape = (Option<KQuantType>, usize, usize);
 
-/// Qwen2.5-Coder 0.5B (Q8_0 with Q6_K `ffn_down`; half its layers' `ffn_down` are Q4_K in the
-/// file, taken as Q6_K here) and 1.5B (Q4_K_M).
-fn model(name: &str) -> (usize, Vec<Shape>, Shape) {
+/// One layer's weights, by layer index.
+type LayerShapes = Box<dyn Fn(usize) -> Vec<Shape>>;
+
+/// Qwen2.5-Coder 0.5B (Q8_0) and 1.5B (Q4_K_M): each layer's weights, and the LM head. Both
+/// files keep `ffn_down` (and in the 1.5B `attn_v`) in Q6_K in about half the layers and in Q4_K
+/// in the others; here even layers take Q6_K, odd ones Q4_K (with the 1.5B's V then stacked with
+/// Q and K, all Q4_K, as the model stacks them).
+fn model(name: &str) -> (usize, LayerShapes, Shape) {
     let q4k = Some(KQuantType::Q4K);
     let q6k = Some(KQuantType::Q6K);
+    let down = move |layer: usize| if layer.is_multiple_of(2) { q6k } else { q4k };
     match name {
         "0.5b" => (
             24,
-            vec![
-                (None, 896 + 128 + 128, 896),
-                (None, 896, 896),
-                (None, 2 * 4864, 896),
-                (q6k, 896, 4864),
-            ],
+            Box::new(move |layer| {
+                vec![
+                    (None, 896 + 128 + 128, 896),
+                    (None, 896, 896),
+                    (None, 2 * 4864, 896),
+                    (down(layer), 896, 4864),
+                ]
+            }),
             (None, 151_936, 896),
         ),
         _ => (
             28,
-            vec![
-                (q4k, 1536 + 256, 1536),
-                (q6k, 256, 1536),
-                (q4k, 1536, 1536),
-                (q4k, 2 * 8960, 1536),
-                (q6k, 1536, 8960),
-            ],
+            Box::new(move |layer| {
+                let attention = if layer.is_multiple_of(2) {
+                    vec![(q4k, 1536 + 256, 1536), (q6k, 256, 1536)]
+                } else {
+                    vec![(q4k, 1536 + 2 * 256, 1536)]
+                };
+                let ffn = [
+                    (q4k, 1536, 1536),
+                    (q4k, 2 * 8960, 1536),
+                    (down(layer), 1536, 8960),
+                ];
+                attention.into_iter().chain(ffn).collect()
+            }),
             (q6k, 151_936, 1536),
         ),
     }
@@ -127,7 +141,7 @@ fn main() {
     let mut rng = StdRng::seed_from_u64(11);
     for name in which {
         let (layers, per_layer, head) = model(&name);
-        let mut shapes: Vec<Shape> = (0..layers).flat_map(|_| per_layer.clone()).collect();
+        let mut shapes: Vec<Shape> = (0..layers).flat_map(&per_layer).collect();
         shapes.push(head);
         let weights: Vec<Weight> = shapes.iter().map(|&s| weight(s, &mut rng)).collect();
         let total: usize = shapes.iter().map(|&s| file_bytes(s)).sum();
