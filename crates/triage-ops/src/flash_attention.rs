@@ -306,19 +306,34 @@ fn run_task(kernel: AttentionKernel, inputs: &Inputs, task: &Task) -> Vec<f32> {
     }
 }
 
-/// Reads cache rows as f32 for the loop (a type, so each compiled form of the loop gets the
-/// conversion its CPU does best).
-trait ReadRows {
+/// The loop's CPU-specific pieces: reading cache rows as f32, prefetching them, and decode's
+/// scores (a type, so each compiled form of the loop gets what its CPU does best; all give the
+/// same bits).
+trait TileOps {
     fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]);
 
     /// Asks for the `len` values from `start` to be on their way into cache (a hint).
     fn prefetch(&self, _rows: &KvRows, _start: usize, _len: usize) {}
+
+    /// [`tile::rows_as_lanes_scores`].
+    #[inline(always)]
+    fn few_rows_scores(
+        &self,
+        state: &mut RowState,
+        q_t: &[f32],
+        keys: &[f32],
+        num_keys: usize,
+        scale: f32,
+    ) {
+        let d = q_t.len() / FEW_ROWS;
+        tile::rows_as_lanes_scores(state, q_t, keys, num_keys, d, scale);
+    }
 }
 
 /// Through `half`'s slice conversions (which detect F16C at run time per call).
 struct PortableRows;
 
-impl ReadRows for PortableRows {
+impl TileOps for PortableRows {
     #[inline(always)]
     fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]) {
         rows.read(start, dst)
@@ -329,10 +344,12 @@ impl ReadRows for PortableRows {
 #[allow(unsafe_code)]
 mod x86 {
     use std::arch::x86_64::{
-        __m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128, _mm_prefetch, _MM_HINT_T0,
+        __m128i, _mm256_cvtph_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps,
+        _mm256_setzero_ps, _mm256_storeu_ps, _mm_loadu_si128, _mm_prefetch, _MM_HINT_T1,
     };
 
-    use super::{task_rows, Inputs, KvRows, ReadRows, Task};
+    use super::tile::{RowState, FEW_ROWS, KEY_TILE};
+    use super::{task_rows, Inputs, KvRows, Task, TileOps};
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn task_avx2(inputs: &Inputs, task: &Task) -> Vec<f32> {
@@ -349,7 +366,7 @@ mod x86 {
     /// F16C: holding one proves the instruction is there.
     struct F16cRows(());
 
-    impl ReadRows for F16cRows {
+    impl TileOps for F16cRows {
         #[inline(always)]
         fn read(&self, rows: &KvRows, start: usize, dst: &mut [f32]) {
             let KvRows::F16(values) = rows else {
@@ -379,7 +396,68 @@ mod x86 {
             // 32 f16 values per 64-byte line.
             for line in values[start..start + len].chunks(32) {
                 // SAFETY: a prefetch is a hint that never faults; the address is in `values`.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast::<i8>()) };
+            }
+        }
+
+        #[inline(always)]
+        fn few_rows_scores(
+            &self,
+            state: &mut RowState,
+            q_t: &[f32],
+            keys: &[f32],
+            num_keys: usize,
+            scale: f32,
+        ) {
+            // SAFETY: a `F16cRows` exists only inside functions that run where AVX2, FMA and
+            // F16C do (see the type).
+            unsafe { few_rows_scores_avx2(state, q_t, keys, num_keys, scale) }
+        }
+    }
+
+    /// [`super::tile::rows_as_lanes_scores`] written out: per query column one 8-lane load of
+    /// the rows' values and, per key, one fused multiply-add of its value broadcast, eight keys
+    /// (eight chains) at a time: the same chain per (row, key) as the generic loop, so the same
+    /// bits. The generic loop compiled for AVX-512 merged pairs of keys into 512-bit registers
+    /// through shuffles that cost more than the products (a decode step at a 16k context read
+    /// its K/V at ≈ 4.5 GB/s).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn few_rows_scores_avx2(
+        state: &mut RowState,
+        q_t: &[f32],
+        keys: &[f32],
+        num_keys: usize,
+        scale: f32,
+    ) {
+        const KB: usize = 8;
+        let d = q_t.len() / FEW_ROWS;
+        let (dim, rows) = (state.dim, state.max.len().min(FEW_ROWS));
+        assert!(d <= dim && keys.len() >= KEY_TILE * dim && num_keys <= KEY_TILE);
+        for k0 in (0..num_keys).step_by(KB) {
+            // KEY_TILE is a multiple of KB, so the eight keys lie inside `keys` (the tile's
+            // unused ones hold stale values whose scores nobody reads).
+            let tile = &keys[k0 * dim..(k0 + KB) * dim];
+            let mut acc = [_mm256_setzero_ps(); KB];
+            for (i, q) in q_t.chunks_exact(FEW_ROWS).enumerate() {
+                // SAFETY: `q` holds FEW_ROWS = 8 values; `j * dim + i < KB * dim = tile.len()`.
+                unsafe {
+                    let qv = _mm256_loadu_ps(q.as_ptr());
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        let k = _mm256_set1_ps(*tile.get_unchecked(j * dim + i));
+                        *acc = _mm256_fmadd_ps(k, qv, *acc);
+                    }
+                }
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                let mut lanes = [0f32; FEW_ROWS];
+                // SAFETY: `lanes` holds 8 f32.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *acc) };
+                for (r, &a) in lanes.iter().enumerate().take(rows) {
+                    state.p[r * KEY_TILE + k0 + j] = a * scale;
+                }
             }
         }
     }
@@ -390,7 +468,7 @@ mod x86 {
 /// [`tile::rows_as_lanes_scores`] for a task of at most [`FEW_ROWS`] rows (decode) and from
 /// [`tile::keys_as_lanes_scores`] in groups of `ROWS` rows × `KC` keys otherwise: the same bits.
 #[inline(always)]
-fn task_rows<const ROWS: usize, const KC: usize, R: ReadRows>(
+fn task_rows<const ROWS: usize, const KC: usize, R: TileOps>(
     inputs: &Inputs,
     task: &Task,
     reader: &R,
@@ -440,7 +518,7 @@ fn task_rows<const ROWS: usize, const KC: usize, R: ReadRows>(
             }
         }
         if few {
-            tile::rows_as_lanes_scores(&mut state, &q_t, &keys, num_keys, d, scale);
+            reader.few_rows_scores(&mut state, &q_t, &keys, num_keys, scale);
         } else {
             transpose(&keys, dim, num_keys.next_multiple_of(KC), d, &mut keys_t);
             for row0 in (0..rows).step_by(ROWS) {
