@@ -155,10 +155,10 @@ impl KQuantMatrix {
         }
         // Tiles are row tile major, so the parts' tiles follow one another.
         let nb = first.cols / QK_K;
-        let bytes: Vec<u8> = parts
-            .iter()
-            .flat_map(|p| p.packed_bytes().iter().copied())
-            .collect();
+        let mut bytes = Vec::with_capacity(parts.iter().map(|p| p.packed_bytes().len()).sum());
+        for part in parts {
+            bytes.extend_from_slice(part.packed_bytes());
+        }
         let data = match first.ty {
             KQuantType::Q4K => KQuantData::PackedQ4K(packed_q4k::PackedQ4K { nb, bytes }),
             KQuantType::Q6K => KQuantData::PackedQ6K(packed_q6k::PackedQ6K { nb, bytes }),
@@ -195,20 +195,26 @@ impl KQuantMatrix {
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
         for (row, values) in out.chunks_exact_mut(self.cols).enumerate() {
-            for (b, dst) in values.chunks_exact_mut(QK_K).enumerate() {
-                match &self.data {
-                    KQuantData::PackedQ4K(p) => {
-                        let tile = p.tile(row / TASK_ROWS, b);
-                        packed_q4k::dequantize_row(tile, row % TASK_ROWS, dst)
-                    }
-                    KQuantData::PackedQ6K(p) => {
-                        let tile = p.tile(row / TASK_ROWS, b);
-                        packed_q6k::dequantize_row(tile, row % TASK_ROWS, dst)
-                    }
+            self.dequantize_row(row, values);
+        }
+        out
+    }
+
+    /// Row `row` (< `rows`) as f32 into `out` (`cols` values), as `dequantize` writes it: an
+    /// embedding lookup in a table kept in a K-quant.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        for (b, dst) in out.chunks_exact_mut(QK_K).enumerate() {
+            match &self.data {
+                KQuantData::PackedQ4K(p) => {
+                    let tile = p.tile(row / TASK_ROWS, b);
+                    packed_q4k::dequantize_row(tile, row % TASK_ROWS, dst)
+                }
+                KQuantData::PackedQ6K(p) => {
+                    let tile = p.tile(row / TASK_ROWS, b);
+                    packed_q6k::dequantize_row(tile, row % TASK_ROWS, dst)
                 }
             }
         }
-        out
     }
 }
 

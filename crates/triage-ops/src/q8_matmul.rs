@@ -102,15 +102,34 @@ impl Q8Matrix {
                 bytes.len()
             )));
         }
-        let mut scales = Vec::with_capacity(num_blocks);
-        let mut quants = Vec::with_capacity(rows * cols);
-        for block in bytes.chunks_exact(GGML_BLOCK_BYTES) {
-            scales.push(half::f16::from_le_bytes([block[0], block[1]]).to_f32());
-            // GGML's quantizer rounds x / (max |x| / 127), so it never writes −128; a file that
-            // holds one anyway gets −127, which AVX2's sign trick (it cannot negate −128) and the
-            // other kernels then multiply alike.
-            quants.extend(block[2..].iter().map(|&b| (b as i8).max(-127)));
-        }
+        let kb = cols / QK8_0;
+        let mut scales = vec![0f32; num_blocks];
+        let mut quants = vec![0i8; rows * cols];
+        // Loading a model is mostly this copy and the page faults of its fresh memory, so rows
+        // are spread over the pool in chunks.
+        const CHUNK_ROWS: usize = 64;
+        let mut chunks: Vec<(&[u8], &mut [f32], &mut [i8])> = bytes
+            .chunks(CHUNK_ROWS * kb * GGML_BLOCK_BYTES)
+            .zip(scales.chunks_mut(CHUNK_ROWS * kb))
+            .zip(quants.chunks_mut(CHUNK_ROWS * cols))
+            .map(|((b, d), q)| (b, d, q))
+            .collect();
+        crate::pool::for_each_chunk_mut(&mut chunks, 1, |_, chunk| {
+            let (bytes, scales, quants) = &mut chunk[0];
+            let blocks = bytes.chunks_exact(GGML_BLOCK_BYTES);
+            for ((block, d), q) in blocks
+                .zip(scales.iter_mut())
+                .zip(quants.chunks_exact_mut(QK8_0))
+            {
+                *d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                // GGML's quantizer rounds x / (max |x| / 127), so it never writes −128; a file
+                // that holds one anyway gets −127, which AVX2's sign trick (it cannot negate
+                // −128) and the other kernels then multiply alike.
+                for (q, &b) in q.iter_mut().zip(&block[2..]) {
+                    *q = (b as i8).max(-127);
+                }
+            }
+        });
         Ok(Self {
             rows,
             cols,
@@ -170,14 +189,8 @@ impl Q8Matrix {
         Ok(Self {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols,
-            scales: parts
-                .iter()
-                .flat_map(|p| p.scales.iter().copied())
-                .collect(),
-            quants: parts
-                .iter()
-                .flat_map(|p| p.quants.iter().copied())
-                .collect(),
+            scales: concat(parts.iter().map(|p| p.scales.as_slice())),
+            quants: concat(parts.iter().map(|p| p.quants.as_slice())),
         })
     }
 
@@ -191,12 +204,38 @@ impl Q8Matrix {
 
     /// The matrix as f32 (scale times value).
     pub fn dequantize(&self) -> Vec<f32> {
-        self.quants
-            .chunks_exact(QK8_0)
-            .zip(&self.scales)
-            .flat_map(|(q, &d)| q.iter().map(move |&v| d * v as f32))
-            .collect()
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (row, values) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(row, values);
+        }
+        out
     }
+
+    /// Row `row` (< `rows`) as f32 into `out` (`cols` values), as `dequantize` writes it: an
+    /// embedding lookup in a table kept in Q8_0.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let kb = self.cols / QK8_0;
+        let quants = &self.quants[row * self.cols..][..self.cols];
+        let scales = &self.scales[row * kb..][..kb];
+        for ((o, q), &d) in out
+            .chunks_exact_mut(QK8_0)
+            .zip(quants.chunks_exact(QK8_0))
+            .zip(scales)
+        {
+            for (o, &v) in o.iter_mut().zip(q) {
+                *o = d * v as f32;
+            }
+        }
+    }
+}
+
+/// The slices one after the other.
+fn concat<'a, T: Copy + Default + 'a>(parts: impl Iterator<Item = &'a [T]> + Clone) -> Vec<T> {
+    let mut out = Vec::with_capacity(parts.clone().map(<[T]>::len).sum());
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    out
 }
 
 /// GGML's `quantize_row_q8_0` on one row: `x` into `quants`, one scale per 32 values.
