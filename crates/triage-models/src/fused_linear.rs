@@ -7,6 +7,7 @@ use candle_core::Tensor;
 use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, Q8Matrix};
 
 use crate::layers::{Linear, Q8_MAX_ROWS};
+use crate::weights::PackedMatrix;
 use crate::Result;
 
 /// Several `Linear`s over one input. Where every part has Q8_0 weights on CPU, or K-quant
@@ -16,9 +17,13 @@ use crate::Result;
 /// accumulator, so the results are the parts' bits.
 #[derive(Debug, Clone)]
 pub struct FusedLinear {
+    /// The parts as layers of their own: empty when the weights were read stacked
+    /// (`from_stacked`); else what runs when nothing stacks, and the dense copies, if any.
     parts: Vec<Linear>,
     /// The parts' weights stacked, with each part's width.
     stacked: Option<(Stacked, Vec<usize>)>,
+    /// Each part's bias.
+    biases: Vec<Option<Tensor>>,
 }
 
 /// Stacked weights of one kind.
@@ -29,6 +34,24 @@ enum Stacked {
 }
 
 impl FusedLinear {
+    /// Parts whose weights were read as one stacked matrix (`WeightSource::get_stacked`), each
+    /// `widths[i]` rows wide, with their biases.
+    pub fn from_stacked(
+        weights: PackedMatrix,
+        widths: Vec<usize>,
+        biases: Vec<Option<Tensor>>,
+    ) -> Self {
+        let stacked = match weights {
+            PackedMatrix::Q8(m) => Stacked::Q8(m),
+            PackedMatrix::KQuant(m) => Stacked::KQuant(m),
+        };
+        Self {
+            parts: Vec::new(),
+            stacked: Some((stacked, widths)),
+            biases,
+        }
+    }
+
     pub fn new(mut parts: Vec<Linear>) -> Result<Self> {
         let stacked = if parts.len() < 2 {
             None
@@ -52,7 +75,12 @@ impl FusedLinear {
                 _ => None,
             }
         };
-        Ok(Self { parts, stacked })
+        let biases = parts.iter().map(|p| p.bias().cloned()).collect();
+        Ok(Self {
+            parts,
+            stacked,
+            biases,
+        })
     }
 
     /// Output features of each part.
@@ -67,7 +95,9 @@ impl FusedLinear {
     /// take the parts' dense copies where they have them, as a lone `Linear` would.
     pub fn forward(&self, x: &Tensor) -> Result<Vec<Tensor>> {
         let rows = x.dim(0)?;
-        let dense = rows >= Q8_MAX_ROWS && self.parts.iter().all(Linear::has_dense);
+        let dense = rows >= Q8_MAX_ROWS
+            && !self.parts.is_empty()
+            && self.parts.iter().all(Linear::has_dense);
         let Some((stacked, widths)) = self.stacked.as_ref().filter(|_| !dense) else {
             return self.parts.iter().map(|p| p.forward(x)).collect();
         };
@@ -77,9 +107,9 @@ impl FusedLinear {
         };
         let mut outputs = Vec::with_capacity(widths.len());
         let mut start = 0;
-        for (part, &width) in self.parts.iter().zip(widths) {
+        for (bias, &width) in self.biases.iter().zip(widths) {
             let out = y.narrow(1, start, width)?;
-            outputs.push(match part.bias() {
+            outputs.push(match bias {
                 Some(b) => out.broadcast_add(b)?,
                 None => out.contiguous()?,
             });

@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
-use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, KQuantType, Q8Matrix};
+use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, Q8Matrix};
 
 use crate::config::RopeStyle;
 use crate::fused_linear::FusedLinear;
-use crate::weights::Weight;
+use crate::weights::{PackedMatrix, Weight};
 use crate::Result;
 
 /// Row count from which a layer that keeps a dense f32 copy (`DenseLayout::dense_copy`, off by
@@ -69,22 +69,35 @@ impl Linear {
         device: &Device,
     ) -> Result<Self> {
         let (mut q8, mut kquant, mut quantized, mut dense) = (None, None, None, None);
-        match weight {
+        let packed = match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => {
-                if layout.dense_copy {
-                    dense = Some(q.dequantize(device)?);
-                }
                 let (rows, cols) = q.shape().dims2()?;
-                if q.dtype() == GgmlDType::Q8_0 && device.is_cpu() {
-                    q8 = Some(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, &q.data()?)?));
-                } else if let Some(ty) = kquant_type(q.dtype()).filter(|_| device.is_cpu()) {
-                    let m = KQuantMatrix::from_ggml_bytes(ty, rows, cols, &q.data()?)?;
-                    kquant = Some(Arc::new(m));
-                } else {
+                let packed = match device.is_cpu() {
+                    true => PackedMatrix::from_ggml(q.dtype(), rows, cols, &q.data()?)?,
+                    false => None,
+                };
+                if packed.is_none() {
+                    if layout.dense_copy {
+                        dense = Some(q.dequantize(device)?);
+                    }
                     quantized = Some(QMatMul::from_arc(q)?);
                 }
+                packed
             }
-            other => dense = Some(other.to_dense(device, layout.dtype)?),
+            Weight::Packed(p) => Some(p),
+            other => {
+                dense = Some(other.to_dense(device, layout.dtype)?);
+                None
+            }
+        };
+        if let Some(p) = packed {
+            if layout.dense_copy {
+                dense = Some(p.dequantize(device)?);
+            }
+            match p {
+                PackedMatrix::Q8(m) => q8 = Some(m),
+                PackedMatrix::KQuant(m) => kquant = Some(m),
+            }
         }
         Ok(Self {
             q8,
@@ -193,6 +206,7 @@ impl Embedding {
     pub fn new(weight: Weight, dtype: DType, device: &Device) -> Result<Self> {
         let weight = match weight {
             Weight::Quantized(q) if is_block_quantized(q.dtype()) => Weight::Quantized(q),
+            Weight::Packed(p) => Weight::Packed(p),
             other => Weight::Dense(other.to_dense(device, dtype)?),
         };
         let dims = weight.dims();
@@ -220,6 +234,7 @@ impl Embedding {
         let out = match &self.weight {
             Weight::Quantized(q) => q.embedding(ids)?,
             Weight::Dense(t) => t.embedding(ids)?,
+            Weight::Packed(p) => p.rows(&ids.to_vec1::<u32>()?)?,
         };
         Ok(out
             .reshape((ids.dim(0)?, self.hidden_size))?
@@ -286,15 +301,6 @@ impl Mlp {
                 crate::ModelError::Invalid("the MLP's gate_up has two parts".into())
             })?;
         self.down.forward(&(candle_nn::ops::silu(&gate)? * up)?)
-    }
-}
-
-/// The K-quant type triage's own CPU kernel multiplies, if `dtype` is one.
-fn kquant_type(dtype: GgmlDType) -> Option<KQuantType> {
-    match dtype {
-        GgmlDType::Q4K => Some(KQuantType::Q4K),
-        GgmlDType::Q6K => Some(KQuantType::Q6K),
-        _ => None,
     }
 }
 

@@ -91,13 +91,33 @@ impl Transformer {
     ) -> Result<Self> {
         let dev = &opts.device;
         let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
-            let weight = w.get(&format!("{name}.weight"), dev)?;
+            let weight = w.get_matrix(&format!("{name}.weight"), dev)?;
             let bias = if bias {
                 Some(w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?)
             } else {
                 None
             };
             Linear::new(weight, bias, opts.layout(true), dev)
+        };
+        // Parts that multiply one input are read as one stacked matrix where they can be.
+        let fused = |w: &mut WeightSource, names: &[String], bias: bool| -> Result<FusedLinear> {
+            let weights: Vec<String> = names.iter().map(|n| format!("{n}.weight")).collect();
+            let stacked = match opts.layout(true).dense_copy {
+                true => None,
+                false => w.get_stacked(&weights, dev)?,
+            };
+            let Some((matrix, widths)) = stacked else {
+                let parts = names.iter().map(|n| linear(w, n, bias));
+                return FusedLinear::new(parts.collect::<Result<_>>()?);
+            };
+            let mut biases = Vec::with_capacity(names.len());
+            for n in names {
+                biases.push(match bias {
+                    true => Some(w.get(&format!("{n}.bias"), dev)?.to_dense_f32(dev)?),
+                    false => None,
+                });
+            }
+            Ok(FusedLinear::from_stacked(matrix, widths, biases))
         };
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -108,11 +128,15 @@ impl Transformer {
                     config.rms_norm_eps,
                     dev,
                 )?,
-                qkv: FusedLinear::new(vec![
-                    linear(weights, &format!("{p}.attn_q"), config.qkv_bias)?,
-                    linear(weights, &format!("{p}.attn_k"), config.qkv_bias)?,
-                    linear(weights, &format!("{p}.attn_v"), config.qkv_bias)?,
-                ])?,
+                qkv: fused(
+                    weights,
+                    &[
+                        format!("{p}.attn_q"),
+                        format!("{p}.attn_k"),
+                        format!("{p}.attn_v"),
+                    ],
+                    config.qkv_bias,
+                )?,
                 o: linear(weights, &format!("{p}.attn_output"), false)?,
                 ffn_norm: RmsNorm::new(
                     weights.get(&format!("{p}.ffn_norm.weight"), dev)?,
@@ -120,17 +144,18 @@ impl Transformer {
                     dev,
                 )?,
                 mlp: Mlp {
-                    gate_up: FusedLinear::new(vec![
-                        linear(weights, &format!("{p}.ffn_gate"), false)?,
-                        linear(weights, &format!("{p}.ffn_up"), false)?,
-                    ])?,
+                    gate_up: fused(
+                        weights,
+                        &[format!("{p}.ffn_gate"), format!("{p}.ffn_up")],
+                        false,
+                    )?,
                     down: linear(weights, &format!("{p}.ffn_down"), false)?,
                 },
             };
             layers.push(layer);
         }
         let embed = Embedding::new(
-            weights.get("token_embd.weight", dev)?,
+            weights.get_matrix("token_embd.weight", dev)?,
             opts.dense_dtype,
             dev,
         )?;
@@ -139,7 +164,7 @@ impl Transformer {
         let lm_head = if config.tie_embeddings {
             Linear::new(embed.weight().clone(), None, head, dev)?
         } else {
-            Linear::new(weights.get("output.weight", dev)?, None, head, dev)?
+            Linear::new(weights.get_matrix("output.weight", dev)?, None, head, dev)?
         };
         let norm = RmsNorm::new(
             weights.get("output_norm.weight", dev)?,

@@ -3,20 +3,91 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::quantized::{gguf_file, QTensor};
+use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use triage_ops::{KQuantMatrix, KQuantType, Q8Matrix};
 
 use crate::{ModelError, Result};
 
-/// One weight as stored: quantized blocks or a dense tensor.
+/// One weight as stored: quantized blocks, a dense tensor, or a matrix already packed for
+/// triage's CPU kernels.
 #[derive(Debug, Clone)]
 pub enum Weight {
     Quantized(Arc<QTensor>),
     Dense(Tensor),
+    Packed(PackedMatrix),
+}
+
+/// A matrix in the layout of triage's batch-invariant CPU kernels (`q8_matmul`,
+/// `kquant_matmul`), built from a GGUF tensor's blocks.
+#[derive(Debug, Clone)]
+pub enum PackedMatrix {
+    Q8(Arc<Q8Matrix>),
+    KQuant(Arc<KQuantMatrix>),
+}
+
+impl PackedMatrix {
+    /// Packs GGML blocks of a `[rows, cols]` matrix, or `None` for a type without a triage
+    /// kernel (those run through candle).
+    pub fn from_ggml(
+        dtype: GgmlDType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Option<Self>> {
+        let kquant = |ty| -> Result<PackedMatrix> {
+            let m = KQuantMatrix::from_ggml_bytes(ty, rows, cols, bytes)?;
+            Ok(PackedMatrix::KQuant(Arc::new(m)))
+        };
+        Ok(Some(match dtype {
+            GgmlDType::Q8_0 => {
+                PackedMatrix::Q8(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, bytes)?))
+            }
+            GgmlDType::Q4K => kquant(KQuantType::Q4K)?,
+            GgmlDType::Q6K => kquant(KQuantType::Q6K)?,
+            _ => return Ok(None),
+        }))
+    }
+
+    pub fn dims(&self) -> [usize; 2] {
+        match self {
+            PackedMatrix::Q8(m) => [m.rows(), m.cols()],
+            PackedMatrix::KQuant(m) => [m.rows(), m.cols()],
+        }
+    }
+
+    /// Rows `ids` (an embedding lookup) as `[ids.len(), cols]` f32 on the host, as GGML
+    /// dequantizes their blocks.
+    pub fn rows(&self, ids: &[u32]) -> Result<Tensor> {
+        let [rows, cols] = self.dims();
+        let mut values = vec![0f32; ids.len() * cols];
+        for (&id, out) in ids.iter().zip(values.chunks_exact_mut(cols)) {
+            let row = id as usize;
+            if row >= rows {
+                return Err(ModelError::Invalid(format!(
+                    "token id {id} is past the {rows} rows of the embedding table"
+                )));
+            }
+            match self {
+                PackedMatrix::Q8(m) => m.dequantize_row(row, out),
+                PackedMatrix::KQuant(m) => m.dequantize_row(row, out),
+            }
+        }
+        Ok(Tensor::from_vec(values, (ids.len(), cols), &Device::Cpu)?)
+    }
+
+    /// The matrix as f32, as GGML dequantizes its blocks.
+    pub fn dequantize(&self, device: &Device) -> Result<Tensor> {
+        let values = match self {
+            PackedMatrix::Q8(m) => m.dequantize(),
+            PackedMatrix::KQuant(m) => m.dequantize(),
+        };
+        Ok(Tensor::from_vec(values, self.dims().to_vec(), device)?)
+    }
 }
 
 impl Weight {
@@ -32,6 +103,7 @@ impl Weight {
         Ok(match self {
             Weight::Quantized(q) => q.dequantize(device)?.to_dtype(dtype)?,
             Weight::Dense(t) => t.to_dtype(dtype)?.to_device(device)?,
+            Weight::Packed(p) => p.dequantize(device)?.to_dtype(dtype)?,
         })
     }
 
@@ -40,6 +112,7 @@ impl Weight {
         match self {
             Weight::Quantized(q) => q.shape().dims().to_vec(),
             Weight::Dense(t) => t.dims().to_vec(),
+            Weight::Packed(p) => p.dims().to_vec(),
         }
     }
 }
@@ -48,8 +121,15 @@ impl Weight {
 pub enum WeightSource {
     Gguf {
         path: PathBuf,
+        /// The header's tensor table (its metadata moved to `metadata`).
         content: gguf_file::Content,
-        reader: BufReader<File>,
+        /// The header's metadata, shared so that the tokenizer can be built from it on another
+        /// thread while the weights load.
+        metadata: Arc<HashMap<String, gguf_file::Value>>,
+        file: File,
+        /// One tensor's bytes at a time, reused so that loading does not fault in a fresh
+        /// buffer per tensor.
+        buffer: Vec<u8>,
     },
     Safetensors {
         dir: PathBuf,
@@ -80,16 +160,19 @@ impl WeightSource {
     /// malformed header (an alignment of 0, lengths past the end) or a tensor whose shape
     /// overflows or whose data runs past the end of the file is an error, never a panic.
     pub fn open_gguf(path: &Path) -> Result<Self> {
-        let (content, file_size) = crate::gguf_info::read_content(path)?;
+        let (mut content, file_size) = crate::gguf_info::read_content(path)?;
         crate::gguf_info::validate_tensors(&content, file_size, path)?;
         let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         })?;
+        let metadata = Arc::new(std::mem::take(&mut content.metadata));
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
             content,
-            reader: BufReader::new(file),
+            metadata,
+            file,
+            buffer: Vec::new(),
         })
     }
 
@@ -126,7 +209,15 @@ impl WeightSource {
     /// GGUF metadata (empty for safetensors).
     pub fn gguf_metadata(&self) -> Option<&HashMap<String, gguf_file::Value>> {
         match self {
-            WeightSource::Gguf { content, .. } => Some(&content.metadata),
+            WeightSource::Gguf { metadata, .. } => Some(metadata),
+            WeightSource::Safetensors { .. } => None,
+        }
+    }
+
+    /// GGUF metadata to hand to another thread (`None` for safetensors).
+    pub fn shared_gguf_metadata(&self) -> Option<Arc<HashMap<String, gguf_file::Value>>> {
+        match self {
+            WeightSource::Gguf { metadata, .. } => Some(Arc::clone(metadata)),
             WeightSource::Safetensors { .. } => None,
         }
     }
@@ -158,14 +249,11 @@ impl WeightSource {
     /// tensors as stored, on the host.
     pub fn get(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
         match self {
-            WeightSource::Gguf {
-                path,
-                content,
-                reader,
-            } => {
-                let q = content
-                    .tensor(reader, gguf_name, device)
-                    .map_err(|e| invalid(path, format!("tensor {gguf_name}: {e}")))?;
+            WeightSource::Gguf { .. } => {
+                let path = self.path().to_path_buf();
+                let (dtype, dims, bytes) = self.gguf_bytes(gguf_name)?;
+                let q = ggml_file::qtensor_from_ggml(dtype, bytes, dims, device)
+                    .map_err(|e| invalid(&path, format!("tensor {gguf_name}: {e}")))?;
                 Ok(Weight::Quantized(Arc::new(q)))
             }
             WeightSource::Safetensors { dir, tensors } => {
@@ -178,6 +266,130 @@ impl WeightSource {
                 // first and then uploads it (`Weight::to_dense`).
                 Ok(Weight::Dense(t.clone()))
             }
+        }
+    }
+
+    /// Read a weight matrix by its GGUF name, for a linear layer: on CPU, GGUF blocks that one
+    /// of triage's kernels multiplies are packed for it straight from the file's bytes (no
+    /// intermediate `QTensor`); anything else as `get` reads it.
+    pub fn get_matrix(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
+        if !device.is_cpu() || !matches!(self, WeightSource::Gguf { .. }) {
+            return self.get(gguf_name, device);
+        }
+        let path = self.path().to_path_buf();
+        let (dtype, dims, bytes) = self.gguf_bytes(gguf_name)?;
+        let &[rows, cols] = dims.as_slice() else {
+            return self.get(gguf_name, device);
+        };
+        match PackedMatrix::from_ggml(dtype, rows, cols, bytes) {
+            Ok(Some(packed)) => Ok(Weight::Packed(packed)),
+            Ok(None) => self.get(gguf_name, device),
+            Err(e) => Err(invalid(&path, format!("tensor {gguf_name}: {e}"))),
+        }
+    }
+
+    /// Read several weight matrices that multiply one input (Q, K and V; gate and up) as one
+    /// matrix, their rows one after the other, packed for triage's CPU kernel: GGML stores a
+    /// matrix row by row, so the parts' bytes read back to back are the stacked matrix's, and it
+    /// is packed once (no per-part copy to stack afterwards). Returns the matrix and each part's
+    /// rows, or `None` where the parts cannot stack (not GGUF on CPU, mixed types or widths, a
+    /// type without a triage kernel): then read them one by one.
+    pub fn get_stacked(
+        &mut self,
+        gguf_names: &[String],
+        device: &Device,
+    ) -> Result<Option<(PackedMatrix, Vec<usize>)>> {
+        let WeightSource::Gguf {
+            path,
+            content,
+            file,
+            buffer,
+            ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let mut infos = Vec::with_capacity(gguf_names.len());
+        for name in gguf_names {
+            let info = content
+                .tensor_infos
+                .get(name)
+                .ok_or_else(|| invalid(path, format!("no tensor {name}")))?;
+            let num_bytes = crate::gguf_info::tensor_num_bytes(info)
+                .ok_or_else(|| invalid(path, format!("tensor {name}: impossible shape")))?;
+            infos.push((info, num_bytes as usize));
+        }
+        let Some(((first, _), rest)) = infos.split_first() else {
+            return Ok(None);
+        };
+        let &[_, cols] = first.shape.dims() else {
+            return Ok(None);
+        };
+        let same = |(i, _): &(&gguf_file::TensorInfo, usize)| {
+            i.ggml_dtype == first.ggml_dtype && matches!(i.shape.dims(), &[_, c] if c == cols)
+        };
+        if !device.is_cpu() || !rest.iter().all(same) {
+            return Ok(None);
+        }
+        buffer.resize(infos.iter().map(|(_, n)| n).sum(), 0);
+        let mut at = 0;
+        for (info, num_bytes) in &infos {
+            // `open_gguf` checked that every tensor lies inside the file.
+            file.read_exact_at(
+                &mut buffer[at..at + num_bytes],
+                content.tensor_data_offset + info.offset,
+            )
+            .map_err(|source| ModelError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            at += num_bytes;
+        }
+        let widths: Vec<usize> = infos.iter().map(|(i, _)| i.shape.dims()[0]).collect();
+        let rows = widths.iter().sum();
+        match PackedMatrix::from_ggml(first.ggml_dtype, rows, cols, buffer) {
+            Ok(packed) => Ok(packed.map(|p| (p, widths))),
+            Err(e) => Err(invalid(path, format!("tensors {gguf_names:?}: {e}"))),
+        }
+    }
+
+    /// A GGUF tensor's type, shape (GGUF's order reversed, as candle reads it) and bytes, read
+    /// into the source's buffer.
+    fn gguf_bytes(&mut self, gguf_name: &str) -> Result<(GgmlDType, Vec<usize>, &[u8])> {
+        let WeightSource::Gguf {
+            path,
+            content,
+            file,
+            buffer,
+            ..
+        } = self
+        else {
+            return Err(ModelError::Invalid("not a GGUF source".into()));
+        };
+        let info = content
+            .tensor_infos
+            .get(gguf_name)
+            .ok_or_else(|| invalid(path, format!("no tensor {gguf_name}")))?;
+        // `open_gguf` checked that every tensor's size is representable and inside the file.
+        let num_bytes = crate::gguf_info::tensor_num_bytes(info)
+            .ok_or_else(|| invalid(path, format!("tensor {gguf_name}: impossible shape")))?;
+        buffer.resize(num_bytes as usize, 0);
+        file.read_exact_at(buffer, content.tensor_data_offset + info.offset)
+            .map_err(|source| ModelError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok((
+            info.ggml_dtype,
+            info.shape.dims().to_vec(),
+            buffer.as_slice(),
+        ))
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            WeightSource::Gguf { path, .. } => path,
+            WeightSource::Safetensors { dir, .. } => dir,
         }
     }
 }
@@ -230,6 +442,125 @@ mod tests {
             Some("model.embed_tokens.weight")
         );
         assert_eq!(hf_name("blk.1.unknown.weight"), None);
+    }
+
+    /// A tiny Qwen2 GGUF whose matrices are `dtype`, opened as a weight source.
+    fn tiny_source(dir: &Path, dtype: GgmlDType) -> WeightSource {
+        use crate::config::Architecture;
+        use crate::fixtures::{write_tiny_gguf, TinySpec};
+        // K-quants need rows of 256 values.
+        let spec = TinySpec {
+            hidden_size: 256,
+            intermediate_size: 512,
+            ..TinySpec::new(Architecture::Qwen2)
+        };
+        let path = dir.join("m.gguf");
+        write_tiny_gguf(&path, &spec, dtype).expect("write tiny gguf");
+        WeightSource::open_gguf(&path).expect("open tiny gguf")
+    }
+
+    /// Reading Q, K and V back to back and packing once is stacking the packed parts: the
+    /// fused product then gives each part's bits, as `FusedLinear::new` promises.
+    #[test]
+    fn parts_read_stacked_pack_to_the_parts_stacked() {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut source = tiny_source(dir.path(), dtype);
+            let names: Vec<String> = ["attn_q", "attn_k", "attn_v"]
+                .iter()
+                .map(|p| format!("blk.0.{p}.weight"))
+                .collect();
+            let (stacked, widths) = source
+                .get_stacked(&names, &Device::Cpu)
+                .expect("read")
+                .expect("Q, K and V of one type stack");
+            let parts: Vec<PackedMatrix> = names
+                .iter()
+                .map(
+                    |n| match source.get_matrix(n, &Device::Cpu).expect("read") {
+                        Weight::Packed(p) => p,
+                        other => panic!("{dtype:?} not packed: {other:?}"),
+                    },
+                )
+                .collect();
+            assert_eq!(
+                widths,
+                parts.iter().map(|p| p.dims()[0]).collect::<Vec<_>>()
+            );
+            match (&stacked, &parts[..]) {
+                (
+                    PackedMatrix::Q8(s),
+                    [PackedMatrix::Q8(q), PackedMatrix::Q8(k), PackedMatrix::Q8(v)],
+                ) => {
+                    assert_eq!(**s, Q8Matrix::stack_rows(&[q, k, v]).expect("stack"))
+                }
+                (
+                    PackedMatrix::KQuant(s),
+                    [PackedMatrix::KQuant(q), PackedMatrix::KQuant(k), PackedMatrix::KQuant(v)],
+                ) => {
+                    assert_eq!(**s, KQuantMatrix::stack_rows(&[q, k, v]).expect("stack"))
+                }
+                _ => panic!("{dtype:?}: mixed kinds"),
+            }
+        }
+    }
+
+    /// Parts of different types (a Q6_K `attn_v` beside Q4_K `attn_q`, as in the 1.5B's files)
+    /// are not read stacked.
+    #[test]
+    fn parts_of_different_types_do_not_stack() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut source = tiny_source(dir.path(), GgmlDType::Q8_0);
+        let names = [
+            "blk.0.attn_q.weight".to_string(),
+            "blk.0.attn_norm.weight".to_string(),
+        ];
+        assert!(source
+            .get_stacked(&names, &Device::Cpu)
+            .expect("read")
+            .is_none());
+        let missing = [
+            "blk.0.attn_q.weight".to_string(),
+            "blk.9.attn_q.weight".to_string(),
+        ];
+        assert!(source.get_stacked(&missing, &Device::Cpu).is_err());
+    }
+
+    /// An embedding table kept packed looks rows up as candle's dequantized table has them;
+    /// an id past the table is an error.
+    #[test]
+    fn packed_embedding_rows_are_the_dequantized_table_rows() {
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut source = tiny_source(dir.path(), dtype);
+            let Weight::Packed(packed) = source
+                .get_matrix("token_embd.weight", &Device::Cpu)
+                .expect("read")
+            else {
+                panic!("{dtype:?}: embedding not packed");
+            };
+            let Weight::Quantized(q) = source.get("token_embd.weight", &Device::Cpu).expect("read")
+            else {
+                panic!("{dtype:?}: not quantized");
+            };
+            let ids = [3u32, 0, 3, 17];
+            let ours = packed
+                .rows(&ids)
+                .expect("rows")
+                .to_vec2::<f32>()
+                .expect("vec");
+            let table = q.dequantize(&Device::Cpu).expect("dequantize");
+            for (&id, row) in ids.iter().zip(&ours) {
+                let theirs = table
+                    .get(id as usize)
+                    .expect("row")
+                    .to_vec1::<f32>()
+                    .expect("vec");
+                assert_eq!(row, &theirs, "{dtype:?} row {id}");
+            }
+            let vocab = packed.dims()[0] as u32;
+            assert!(packed.rows(&[vocab]).is_err());
+        }
     }
 
     /// Loading goes through the hardened header parser: candle's own reader divides by
