@@ -245,9 +245,7 @@ impl WeightSource {
         }
     }
 
-    /// Read one tensor by its GGUF name: GGUF blocks straight onto `device`, safetensors
-    /// tensors as stored, on the host.
-    pub fn get(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
+    fn read(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
         match self {
             WeightSource::Gguf { .. } => {
                 let path = self.path().to_path_buf();
@@ -269,10 +267,7 @@ impl WeightSource {
         }
     }
 
-    /// Read a weight matrix by its GGUF name, for a linear layer: on CPU, GGUF blocks that one
-    /// of triage's kernels multiplies are packed for it straight from the file's bytes (no
-    /// intermediate `QTensor`); anything else as `get` reads it.
-    pub fn get_matrix(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
+    fn read_matrix(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
         if !device.is_cpu() || !matches!(self, WeightSource::Gguf { .. }) {
             return self.get(gguf_name, device);
         }
@@ -288,6 +283,58 @@ impl WeightSource {
         }
     }
 
+    fn read_stacked(
+        &mut self,
+        gguf_names: &[String],
+        device: &Device,
+    ) -> Result<Option<(PackedMatrix, Vec<usize>)>> {
+        let (WeightSource::Gguf { content, .. }, true) = (&*self, device.is_cpu()) else {
+            return Ok(None);
+        };
+        let shapes: Option<Vec<(GgmlDType, &[usize])>> = gguf_names
+            .iter()
+            .map(|n| content.tensor_infos.get(n))
+            .map(|i| i.map(|i| (i.ggml_dtype, i.shape.dims())))
+            .collect();
+        // A missing part is `read_back_to_back`'s error below.
+        let (dtype, cols) = match shapes.as_deref() {
+            Some([(dtype, &[_, cols]), rest @ ..])
+                if rest
+                    .iter()
+                    .all(|&(t, d)| t == *dtype && matches!(d, &[_, c] if c == cols)) =>
+            {
+                (*dtype, cols)
+            }
+            Some(_) => return Ok(None),
+            None => (GgmlDType::F32, 0),
+        };
+        let path = self.path().to_path_buf();
+        let (shapes, bytes) = self.read_back_to_back(gguf_names)?;
+        let widths: Vec<usize> = shapes.iter().map(|(_, dims)| dims[0]).collect();
+        let rows = widths.iter().sum();
+        match PackedMatrix::from_ggml(dtype, rows, cols, bytes) {
+            Ok(packed) => Ok(packed.map(|p| (p, widths))),
+            Err(e) => Err(invalid(&path, format!("tensors {gguf_names:?}: {e}"))),
+        }
+    }
+
+    /// Read one tensor by its GGUF name: GGUF blocks straight onto `device`, safetensors
+    /// tensors as stored, on the host.
+    pub fn get(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
+        let weight = self.read(gguf_name, device);
+        self.release_large_buffer();
+        weight
+    }
+
+    /// Read a weight matrix by its GGUF name, for a linear layer: on CPU, GGUF blocks that one
+    /// of triage's kernels multiplies are packed for it straight from the file's bytes (no
+    /// intermediate `QTensor`); anything else as `get` reads it.
+    pub fn get_matrix(&mut self, gguf_name: &str, device: &Device) -> Result<Weight> {
+        let weight = self.read_matrix(gguf_name, device);
+        self.release_large_buffer();
+        weight
+    }
+
     /// Read several weight matrices that multiply one input (Q, K and V; gate and up) as one
     /// matrix, their rows one after the other, packed for triage's CPU kernel: GGML stores a
     /// matrix row by row, so the parts' bytes read back to back are the stacked matrix's, and it
@@ -299,63 +346,40 @@ impl WeightSource {
         gguf_names: &[String],
         device: &Device,
     ) -> Result<Option<(PackedMatrix, Vec<usize>)>> {
-        let WeightSource::Gguf {
-            path,
-            content,
-            file,
-            buffer,
-            ..
-        } = self
-        else {
-            return Ok(None);
-        };
-        let mut infos = Vec::with_capacity(gguf_names.len());
-        for name in gguf_names {
-            let info = content
-                .tensor_infos
-                .get(name)
-                .ok_or_else(|| invalid(path, format!("no tensor {name}")))?;
-            let num_bytes = crate::gguf_info::tensor_num_bytes(info)
-                .ok_or_else(|| invalid(path, format!("tensor {name}: impossible shape")))?;
-            infos.push((info, num_bytes as usize));
-        }
-        let Some(((first, _), rest)) = infos.split_first() else {
-            return Ok(None);
-        };
-        let &[_, cols] = first.shape.dims() else {
-            return Ok(None);
-        };
-        let same = |(i, _): &(&gguf_file::TensorInfo, usize)| {
-            i.ggml_dtype == first.ggml_dtype && matches!(i.shape.dims(), &[_, c] if c == cols)
-        };
-        if !device.is_cpu() || !rest.iter().all(same) {
-            return Ok(None);
-        }
-        buffer.resize(infos.iter().map(|(_, n)| n).sum(), 0);
-        let mut at = 0;
-        for (info, num_bytes) in &infos {
-            // `open_gguf` checked that every tensor lies inside the file.
-            file.read_exact_at(
-                &mut buffer[at..at + num_bytes],
-                content.tensor_data_offset + info.offset,
-            )
-            .map_err(|source| ModelError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            at += num_bytes;
-        }
-        let widths: Vec<usize> = infos.iter().map(|(i, _)| i.shape.dims()[0]).collect();
-        let rows = widths.iter().sum();
-        match PackedMatrix::from_ggml(first.ggml_dtype, rows, cols, buffer) {
-            Ok(packed) => Ok(packed.map(|p| (p, widths))),
-            Err(e) => Err(invalid(path, format!("tensors {gguf_names:?}: {e}"))),
+        let stacked = self.read_stacked(gguf_names, device);
+        self.release_large_buffer();
+        stacked
+    }
+
+    /// Frees the read buffer once it has held an embedding-sized tensor: kept, it would sit on
+    /// top of the loaded model's peak resident memory (145 MB for the 0.5B's table). A layer's
+    /// matrices (a few to 20 MB) keep reusing it.
+    fn release_large_buffer(&mut self) {
+        const LARGE: usize = 64 << 20;
+        if let WeightSource::Gguf { buffer, .. } = self {
+            if buffer.capacity() > LARGE {
+                *buffer = Vec::new();
+            }
         }
     }
 
     /// A GGUF tensor's type, shape (GGUF's order reversed, as candle reads it) and bytes, read
     /// into the source's buffer.
     fn gguf_bytes(&mut self, gguf_name: &str) -> Result<(GgmlDType, Vec<usize>, &[u8])> {
+        let (mut shapes, bytes) = self.read_back_to_back(std::slice::from_ref(&gguf_name))?;
+        let (dtype, dims) = shapes
+            .pop()
+            .ok_or_else(|| ModelError::Invalid("no tensor".into()))?;
+        Ok((dtype, dims, bytes))
+    }
+
+    /// GGUF tensors' types and shapes, and their bytes read one after the other into the
+    /// source's buffer.
+    #[allow(clippy::type_complexity)]
+    fn read_back_to_back(
+        &mut self,
+        gguf_names: &[impl AsRef<str>],
+    ) -> Result<(Vec<(GgmlDType, Vec<usize>)>, &[u8])> {
         let WeightSource::Gguf {
             path,
             content,
@@ -366,24 +390,33 @@ impl WeightSource {
         else {
             return Err(ModelError::Invalid("not a GGUF source".into()));
         };
-        let info = content
-            .tensor_infos
-            .get(gguf_name)
-            .ok_or_else(|| invalid(path, format!("no tensor {gguf_name}")))?;
-        // `open_gguf` checked that every tensor's size is representable and inside the file.
-        let num_bytes = crate::gguf_info::tensor_num_bytes(info)
-            .ok_or_else(|| invalid(path, format!("tensor {gguf_name}: impossible shape")))?;
-        buffer.resize(num_bytes as usize, 0);
-        file.read_exact_at(buffer, content.tensor_data_offset + info.offset)
-            .map_err(|source| ModelError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        Ok((
-            info.ggml_dtype,
-            info.shape.dims().to_vec(),
-            buffer.as_slice(),
-        ))
+        let mut parts = Vec::with_capacity(gguf_names.len());
+        for name in gguf_names.iter().map(AsRef::as_ref) {
+            let info = content
+                .tensor_infos
+                .get(name)
+                .ok_or_else(|| invalid(path, format!("no tensor {name}")))?;
+            // `open_gguf` checked that every tensor's size is representable and inside the file.
+            let num_bytes = crate::gguf_info::tensor_num_bytes(info)
+                .ok_or_else(|| invalid(path, format!("tensor {name}: impossible shape")))?;
+            parts.push((info, num_bytes as usize));
+        }
+        buffer.resize(parts.iter().map(|(_, n)| n).sum(), 0);
+        let mut at = 0;
+        for (info, num_bytes) in &parts {
+            let dst = &mut buffer[at..at + num_bytes];
+            file.read_exact_at(dst, content.tensor_data_offset + info.offset)
+                .map_err(|source| ModelError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            at += num_bytes;
+        }
+        let shapes = parts
+            .iter()
+            .map(|(i, _)| (i.ggml_dtype, i.shape.dims().to_vec()))
+            .collect();
+        Ok((shapes, buffer.as_slice()))
     }
 
     fn path(&self) -> &Path {
