@@ -90,13 +90,17 @@ impl Transformer {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let dev = &opts.device;
+        let read_bias = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Option<Tensor>> {
+            match bias {
+                true => Ok(Some(
+                    w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?,
+                )),
+                false => Ok(None),
+            }
+        };
         let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
             let weight = w.get_matrix(&format!("{name}.weight"), dev)?;
-            let bias = if bias {
-                Some(w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?)
-            } else {
-                None
-            };
+            let bias = read_bias(w, name, bias)?;
             Linear::new(weight, bias, opts.layout(true), dev)
         };
         // Parts that multiply one input are read as one stacked matrix where they can be.
@@ -110,14 +114,12 @@ impl Transformer {
                 let parts = names.iter().map(|n| linear(w, n, bias));
                 return FusedLinear::new(parts.collect::<Result<_>>()?);
             };
-            let mut biases = Vec::with_capacity(names.len());
-            for n in names {
-                biases.push(match bias {
-                    true => Some(w.get(&format!("{n}.bias"), dev)?.to_dense_f32(dev)?),
-                    false => None,
-                });
-            }
-            Ok(FusedLinear::from_stacked(matrix, widths, biases))
+            let biases = names.iter().map(|n| read_bias(w, n, bias));
+            Ok(FusedLinear::from_stacked(
+                matrix,
+                widths,
+                biases.collect::<Result<_>>()?,
+            ))
         };
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
