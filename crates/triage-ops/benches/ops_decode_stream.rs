@@ -11,7 +11,7 @@ use std::time::Instant;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use triage_ops::{
     kquant_matmul_quantized, q8_matmul_quantized, KQuantKernel, KQuantMatrix, KQuantType, Q8KRows,
-    Q8Kernel, Q8Matrix,
+    Q8Kernel, Q8Matrix, Q8Rows,
 };
 
 /// A weight of one decode step, with the width of its input.
@@ -146,12 +146,12 @@ fn main() {
         let weights: Vec<Weight> = shapes.iter().map(|&s| weight(s, &mut rng)).collect();
         let total: usize = shapes.iter().map(|&s| file_bytes(s)).sum();
         // K-quant rows need whole super-blocks: none for 896.
-        let inputs: Vec<(Q8Matrix, Option<Q8KRows>)> = [896usize, 1536, 4864, 8960]
+        let inputs: Vec<(Q8Rows, Option<Q8KRows>)> = [896usize, 1536, 4864, 8960]
             .iter()
             .map(|&k| {
                 let x: Vec<f32> = (0..k).map(|_| rng.random_range(-1.0f32..1.0)).collect();
                 (
-                    Q8Matrix::quantize(1, k, &x).expect("q8"),
+                    Q8Rows::quantize(1, k, &x).expect("q8"),
                     Q8KRows::quantize(1, k, &x).ok(),
                 )
             })
@@ -167,7 +167,10 @@ fn main() {
             for w in &weights {
                 match w {
                     Weight::Q8(m) => {
-                        black_box(q8_matmul_quantized(&input(m.cols()).0, m, Q8Kernel::best()));
+                        black_box(
+                            q8_matmul_quantized(&input(m.cols()).0, m, Q8Kernel::best())
+                                .expect("shapes"),
+                        );
                     }
                     Weight::KQuant(m) => {
                         black_box(

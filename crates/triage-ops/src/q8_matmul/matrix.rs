@@ -1,0 +1,188 @@
+//! `Q8Matrix`: Q8_0 weights interleaved in groups of 16 rows, the layout the CPU kernels stream:
+//! for each group and block, the 16 rows' first 4 values, then their next 4, and so on (so one
+//! 64-byte load feeds `vpdpbusd` 16 rows' worth of 4-value dot products). Spans of 4 groups (64
+//! rows, a parallel task) are interleaved block by block, so that a decode step, which runs a
+//! span's 4 groups at once, reads its weights as one linear stream.
+
+use super::{check_cols, GGML_BLOCK_BYTES, QK8_0};
+use crate::{OpsError, Result};
+
+/// Weight rows interleaved together: one 512-bit register of int32 lanes.
+pub(super) const GROUP_ROWS: usize = 16;
+/// Values each lane takes per step (`vpdpbusd` multiplies 4 byte pairs into one int32 lane).
+pub(super) const LANE_VALUES: usize = 4;
+/// Steps per block.
+pub(super) const BLOCK_STEPS: usize = QK8_0 / LANE_VALUES;
+/// Bytes of one group's block: 16 rows × 32 values.
+pub(super) const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * QK8_0;
+/// Groups interleaved block by block.
+pub(super) const SPAN_GROUPS: usize = 4;
+/// Rows of a span.
+pub(super) const SPAN_ROWS: usize = SPAN_GROUPS * GROUP_ROWS;
+
+/// A row-major `[rows, cols]` matrix in Q8_0 (int8 values, one f32 scale per 32 of them), stored
+/// interleaved in groups of 16 rows and spans of 4 groups. A last span that is short is padded
+/// with zero rows of scale 0, whose products are never read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Q8Matrix {
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    /// `[spans, cols / 32, 4, 16]`: span, block, group, row.
+    pub(super) scales: Vec<f32>,
+    /// `[spans, cols / 32, 4, 8, 16, 4]`: span, block, group, step, row, value.
+    pub(super) quants: Vec<i8>,
+}
+
+impl Q8Matrix {
+    /// From GGML's Q8_0 bytes (`rows * cols / 32` blocks of 34 bytes), e.g. a GGUF tensor.
+    pub fn from_ggml_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
+        check_cols(cols)?;
+        let kb = cols / QK8_0;
+        let needed = rows * kb * GGML_BLOCK_BYTES;
+        if bytes.len() != needed {
+            return Err(OpsError::InvalidArgument(format!(
+                "Q8_0 [{rows}, {cols}] needs {needed} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        let row_bytes = kb * GGML_BLOCK_BYTES;
+        Ok(Self::pack(rows, cols, |row, b| {
+            let block = &bytes[row * row_bytes + b * GGML_BLOCK_BYTES..][..GGML_BLOCK_BYTES];
+            let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            // GGML's quantizer rounds x / (max |x| / 127), so it never writes −128; a file that
+            // holds one anyway gets −127, which AVX2's sign trick (it cannot negate −128) and
+            // the other kernels then multiply alike.
+            (d, std::array::from_fn(|i| (block[2 + i] as i8).max(-127)))
+        }))
+    }
+
+    /// Quantize row-major f32 `values` (`[rows, cols]`) exactly as GGML's `quantize_row_q8_0`
+    /// does (see `Q8Rows::quantize`).
+    pub fn quantize(rows: usize, cols: usize, values: &[f32]) -> Result<Self> {
+        check_cols(cols)?;
+        if values.len() != rows * cols {
+            return Err(OpsError::InvalidArgument(format!(
+                "{} values for a [{rows}, {cols}] matrix",
+                values.len()
+            )));
+        }
+        Ok(Self::pack(rows, cols, |row, b| {
+            let mut quants = [0i8; QK8_0];
+            let x = &values[row * cols + b * QK8_0..][..QK8_0];
+            (super::quantize_block(x, &mut quants), quants)
+        }))
+    }
+
+    /// The rows of `parts`, one matrix after the other (e.g. Q, K and V projections run as one
+    /// product). Each output element keeps its own accumulator, so the stacked product gives
+    /// every part's bits.
+    pub fn stack_rows(parts: &[&Q8Matrix]) -> Result<Self> {
+        let cols = parts.first().map_or(0, |p| p.cols);
+        if let Some(bad) = parts.iter().find(|p| p.cols != cols) {
+            return Err(OpsError::InvalidArgument(format!(
+                "stacking Q8_0 matrices of {cols} and {} columns",
+                bad.cols
+            )));
+        }
+        check_cols(cols)?;
+        let owners: Vec<(&Q8Matrix, usize)> = parts
+            .iter()
+            .flat_map(|p| (0..p.rows).map(move |r| (*p, r)))
+            .collect();
+        Ok(Self::pack(owners.len(), cols, |row, b| {
+            let (part, r) = owners[row];
+            part.block(r, b)
+        }))
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The matrix as f32 (scale times value).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (row, values) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.dequantize_row(row, values);
+        }
+        out
+    }
+
+    /// Row `row` (< `rows`) as f32 into `out` (`cols` values), as `dequantize` writes it: an
+    /// embedding lookup in a table kept in Q8_0.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        for (b, out) in out.chunks_exact_mut(QK8_0).enumerate() {
+            let (d, quants) = self.block(row, b);
+            for (o, &v) in out.iter_mut().zip(&quants) {
+                *o = d * v as f32;
+            }
+        }
+    }
+
+    /// Block `b` of row `row`: its scale and 32 values.
+    pub(super) fn block(&self, row: usize, b: usize) -> (f32, [i8; QK8_0]) {
+        let (group, lane) = (row / GROUP_ROWS, row % GROUP_ROWS);
+        let unit = self.group_block(group, b);
+        let at = unit * GROUP_BLOCK_BYTES + lane * LANE_VALUES;
+        let quants = std::array::from_fn(|i| {
+            let (step, k) = (i / LANE_VALUES, i % LANE_VALUES);
+            self.quants[at + step * GROUP_ROWS * LANE_VALUES + k]
+        });
+        (self.scales[unit * GROUP_ROWS + lane], quants)
+    }
+
+    /// Where block `b` of group `group` starts, in group blocks: its values at
+    /// `GROUP_BLOCK_BYTES` times this in `quants`, its scales at 16 times this in `scales`. The
+    /// next group of a span is one group block on, the next block `SPAN_GROUPS` on.
+    pub(super) fn group_block(&self, group: usize, b: usize) -> usize {
+        let kb = self.cols / QK8_0;
+        (group / SPAN_GROUPS * kb + b) * SPAN_GROUPS + group % SPAN_GROUPS
+    }
+
+    /// Lays out `rows` rows whose block `b` of row `row` is `block(row, b)` (`cols` checked).
+    /// Loading a model is mostly this and the page faults of its fresh memory, so spans are
+    /// spread over the pool.
+    fn pack<F>(rows: usize, cols: usize, block: F) -> Self
+    where
+        F: Fn(usize, usize) -> (f32, [i8; QK8_0]) + Sync,
+    {
+        let kb = cols / QK8_0;
+        let span_blocks = kb * SPAN_GROUPS;
+        let units = rows.div_ceil(SPAN_ROWS) * span_blocks;
+        let mut scales = vec![0f32; units * GROUP_ROWS];
+        let mut quants = vec![0i8; units * GROUP_BLOCK_BYTES];
+        let mut spans: Vec<(&mut [f32], &mut [i8])> = scales
+            .chunks_mut(span_blocks * GROUP_ROWS)
+            .zip(quants.chunks_mut(span_blocks * GROUP_BLOCK_BYTES))
+            .collect();
+        crate::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
+            let (scales, quants) = &mut chunk[0];
+            let group_blocks = scales
+                .chunks_exact_mut(GROUP_ROWS)
+                .zip(quants.chunks_exact_mut(GROUP_BLOCK_BYTES));
+            for (unit, (scales, quants)) in group_blocks.enumerate() {
+                let (b, group) = (unit / SPAN_GROUPS, span * SPAN_GROUPS + unit % SPAN_GROUPS);
+                let first = group * GROUP_ROWS;
+                let present = GROUP_ROWS.min(rows.saturating_sub(first));
+                for (lane, scale) in scales.iter_mut().enumerate().take(present) {
+                    let (d, values) = block(first + lane, b);
+                    *scale = d;
+                    for (step, four) in values.chunks_exact(LANE_VALUES).enumerate() {
+                        let at = (step * GROUP_ROWS + lane) * LANE_VALUES;
+                        quants[at..at + LANE_VALUES].copy_from_slice(four);
+                    }
+                }
+            }
+        });
+        Self {
+            rows,
+            cols,
+            scales,
+            quants,
+        }
+    }
+}

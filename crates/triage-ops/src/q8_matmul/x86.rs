@@ -1,0 +1,354 @@
+//! x86 kernels of `q8_matmul`. A register holds int32 lanes of weight rows (16 in a 512-bit one,
+//! 8 in a 256-bit one), each summing 4 products per step: the weights are loaded, the activation
+//! row's 4 values broadcast. After a block's 8 steps a lane holds the block's exact dot product;
+//! it is converted, scaled and fused into the row's f32 accumulator. Per block: one scale
+//! product and one fma per 32 products in every kernel, where the row-major layouts before
+//! needed them per 8 (and a horizontal sum), which bound prefill on the FMA ports.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::cpu::TileArgs;
+use super::matrix::{BLOCK_STEPS, GROUP_BLOCK_BYTES, GROUP_ROWS, LANE_VALUES, SPAN_GROUPS};
+use super::{Q8Kernel, Q8Matrix, Q8Rows, QK8_0};
+
+/// Blocks ahead (8 KiB in a decode step's span of 4 groups) that a tile prefetches its weights
+/// into L2: a decode step streams them from DRAM, and without it the 0.5B decoded 25 % slower.
+/// Into L1 instead was as slow as none (the stream evicts what the step reuses).
+const PREFETCH_BLOCKS: usize = 4;
+/// From one group's block to the next group's, and to its own next block, in `quants` bytes.
+const NEXT_GROUP: usize = GROUP_BLOCK_BYTES;
+const NEXT_BLOCK: usize = SPAN_GROUPS * GROUP_BLOCK_BYTES;
+/// The same steps in `scales`.
+const NEXT_GROUP_SCALES: usize = GROUP_ROWS;
+const NEXT_BLOCK_SCALES: usize = SPAN_GROUPS * GROUP_ROWS;
+
+/// Runs `kernel` (an x86 kernel this CPU has, from `cpu::available`) on the tile of `args`, with
+/// `groups_left` weight groups from `args.group` on; returns how many groups it did.
+pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usize {
+    let TileArgs {
+        w,
+        group,
+        a,
+        tile,
+        out,
+        out_stride,
+    } = args;
+    let na = a.tile_rows(tile);
+    // Per group and row, the kernel writes 16 lanes of the row's output.
+    let gw = match (kernel, na) {
+        (Q8Kernel::Avx512Vnni, 1) => groups_left.min(4),
+        (Q8Kernel::Avx512Vnni, 2 | 3) => groups_left.min(2),
+        _ => 1,
+    }
+    .min(SPAN_GROUPS - group % SPAN_GROUPS);
+    assert!(group + gw <= w.rows.div_ceil(GROUP_ROWS) && (1..=8).contains(&na));
+    assert!(out.len() >= (na - 1) * out_stride + gw * GROUP_ROWS);
+    let out = out.as_mut_ptr();
+    // SAFETY (all): `kernel` came from `cpu::available`, so the CPU has its features; groups
+    // `group..group + gw` exist in `w` and tile `tile` has `na` rows of `w.cols` columns in `a`
+    // (`cpu::tiles` checked both); `out` holds every row's `gw · 16` values (asserted above).
+    unsafe {
+        match kernel {
+            Q8Kernel::Avx512Vnni => {
+                macro_rules! call {
+                    ($gw:literal, $na:literal) => {
+                        avx512::tile::<$gw, $na>(w, group, a, tile, out, out_stride)
+                    };
+                }
+                match (gw, na) {
+                    (4, 1) => call!(4, 1),
+                    (3, 1) => call!(3, 1),
+                    (2, 1) => call!(2, 1),
+                    (2, 2) => call!(2, 2),
+                    (2, 3) => call!(2, 3),
+                    (_, 1) => call!(1, 1),
+                    (_, 2) => call!(1, 2),
+                    (_, 3) => call!(1, 3),
+                    (_, 4) => call!(1, 4),
+                    (_, 5) => call!(1, 5),
+                    (_, 6) => call!(1, 6),
+                    (_, 7) => call!(1, 7),
+                    _ => call!(1, 8),
+                }
+            }
+            Q8Kernel::AvxVnni => halves(Half::AvxVnni, w, group, a, tile, out, out_stride),
+            _ => halves(Half::Avx2, w, group, a, tile, out, out_stride),
+        }
+    }
+    gw
+}
+
+/// The 256-bit kernels.
+#[derive(Clone, Copy)]
+enum Half {
+    Avx2,
+    AvxVnni,
+    /// AVX-VNNI's body with the EVEX form of the same instruction, so that a host with AVX-512
+    /// VNNI but not AVX-VNNI tests it.
+    #[cfg(test)]
+    AvxVnniEvex,
+}
+
+/// One weight group against tile `tile` with a 256-bit kernel: each half of the group (8 rows)
+/// against up to 4 rows at a time (2 × 4 accumulators fit the 16 ymm registers).
+///
+/// # Safety
+/// As `half_avx2` (or the kernel `half` names), for every row of the tile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn halves(
+    half_kernel: Half,
+    w: &Q8Matrix,
+    group: usize,
+    a: &Q8Rows,
+    tile: usize,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let na = a.tile_rows(tile);
+    let mut i0 = 0;
+    while i0 < na {
+        let n = (na - i0).min(4);
+        for half in 0..2 {
+            // SAFETY: the caller's contract, for rows `i0..i0 + n` of the tile and this half.
+            unsafe {
+                let o = out.add(i0 * out_stride + half * 8);
+                macro_rules! rows {
+                    ($f:ident) => {
+                        match n {
+                            4 => $f::<4>(w, group, half, a, tile, i0, o, out_stride),
+                            3 => $f::<3>(w, group, half, a, tile, i0, o, out_stride),
+                            2 => $f::<2>(w, group, half, a, tile, i0, o, out_stride),
+                            _ => $f::<1>(w, group, half, a, tile, i0, o, out_stride),
+                        }
+                    };
+                }
+                match half_kernel {
+                    Half::Avx2 => rows!(half_avx2),
+                    Half::AvxVnni => rows!(half_vnni),
+                    #[cfg(test)]
+                    Half::AvxVnniEvex => rows!(half_vnni_evex),
+                }
+            }
+        }
+        i0 += n;
+    }
+}
+
+/// Runs AVX-VNNI's kernel body, with EVEX encoding, on the tile of `args` (one group), where
+/// the CPU has AVX-512 F/VL and VNNI; `None` elsewhere.
+#[cfg(test)]
+pub(super) fn avx_vnni_body_on_avx512(args: TileArgs) -> Option<()> {
+    use std::arch::is_x86_feature_detected as has;
+    if !(has!("avx2") && has!("fma") && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")) {
+        return None;
+    }
+    let TileArgs {
+        w,
+        group,
+        a,
+        tile,
+        out,
+        out_stride,
+    } = args;
+    let na = a.tile_rows(tile);
+    assert!(group < w.rows.div_ceil(GROUP_ROWS) && out.len() >= (na - 1) * out_stride + 16);
+    // SAFETY: the features were detected above; the group and tile exist and `out` holds them.
+    unsafe {
+        halves(
+            Half::AvxVnniEvex,
+            w,
+            group,
+            a,
+            tile,
+            out.as_mut_ptr(),
+            out_stride,
+        )
+    };
+    Some(())
+}
+
+/// Where a tile's operands start: blocks per row, the weight groups' quants and scales, the
+/// activation tile's quants, scales and offsets, and its number of rows.
+struct Start {
+    kb: usize,
+    wq: *const i8,
+    ws: *const f32,
+    aq: *const i8,
+    as_: *const f32,
+    ao: *const i32,
+    na: usize,
+}
+
+impl Start {
+    /// Slicing checks that the first group and the tile are inside the buffers.
+    fn new(w: &Q8Matrix, group: usize, a: &Q8Rows, tile: usize) -> Self {
+        let kb = w.cols / QK8_0;
+        let (aq0, as0) = a.tile_start(tile);
+        Self {
+            kb,
+            wq: w.quants[w.group_block(group, 0) * GROUP_BLOCK_BYTES..].as_ptr(),
+            ws: w.scales[w.group_block(group, 0) * GROUP_ROWS..].as_ptr(),
+            aq: a.quants[aq0..].as_ptr(),
+            as_: a.scales[as0..].as_ptr(),
+            ao: a.offsets[as0..].as_ptr(),
+            na: a.tile_rows(tile),
+        }
+    }
+}
+
+/// Activation row `i`'s 4 values of step `step` of block `b`, as one int32.
+///
+/// # Safety
+/// `aq` is a tile's quants with `na` rows; `b` is one of its blocks, `i < na`.
+#[inline(always)]
+unsafe fn four(aq: *const i8, na: usize, b: usize, step: usize, i: usize) -> i32 {
+    let at = ((b * BLOCK_STEPS + step) * na + i) * LANE_VALUES;
+    unsafe { (aq.add(at) as *const i32).read_unaligned() }
+}
+
+mod avx512 {
+    use super::*;
+
+    /// Weight groups `group..group + GW` against activation tile `tile`, which has `NA` rows.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/VL and VNNI; the groups exist in `w`, the tile has `NA` rows with
+    /// `w.cols` columns, and `out` holds `(NA - 1) · out_stride + GW · 16` values.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn tile<const GW: usize, const NA: usize>(
+        w: &Q8Matrix,
+        group: usize,
+        a: &Q8Rows,
+        tile: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let s = Start::new(w, group, a, tile);
+        debug_assert_eq!(s.na, NA);
+        // Weights offset by 128 to unsigned (`vpdpbusd` multiplies unsigned by signed bytes);
+        // each accumulator starts at −128 · Σa, which leaves exactly Σ w · a.
+        let flip = _mm512_set1_epi8(i8::MIN);
+        let mut acc = [[_mm512_setzero_ps(); NA]; GW];
+        for b in 0..s.kb {
+            let mut dot = [[_mm512_setzero_si512(); NA]; GW];
+            for g in 0..GW {
+                for i in 0..NA {
+                    dot[g][i] = _mm512_set1_epi32(*s.ao.add(b * NA + i));
+                }
+                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK + g * NEXT_GROUP;
+                for line in 0..GROUP_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T1>(s.wq.wrapping_add(ahead + 64 * line));
+                }
+                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
+                _mm_prefetch::<_MM_HINT_T1>(s.ws.wrapping_add(ahead) as *const i8);
+            }
+            for step in 0..BLOCK_STEPS {
+                for g in 0..GW {
+                    let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
+                    let wv = _mm512_loadu_si512(s.wq.add(at) as *const __m512i);
+                    let wv = _mm512_xor_si512(wv, flip);
+                    for i in 0..NA {
+                        let av = _mm512_set1_epi32(four(s.aq, NA, b, step, i));
+                        dot[g][i] = _mm512_dpbusd_epi32(dot[g][i], wv, av);
+                    }
+                }
+            }
+            for g in 0..GW {
+                let at = b * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
+                let ws = _mm512_loadu_ps(s.ws.add(at));
+                for i in 0..NA {
+                    let d = _mm512_mul_ps(ws, _mm512_set1_ps(*s.as_.add(b * NA + i)));
+                    acc[g][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[g][i]), d, acc[g][i]);
+                }
+            }
+        }
+        for g in 0..GW {
+            for i in 0..NA {
+                _mm512_storeu_ps(out.add(i * out_stride + g * GROUP_ROWS), acc[g][i]);
+            }
+        }
+    }
+}
+
+/// The 256-bit kernels: half `half` of one weight group (8 rows) against `R` rows of an
+/// activation tile from row `i0` on. `$dot` adds one step's products of weights `w` and the
+/// broadcast activation values `a` to `acc`.
+macro_rules! half_kernel {
+    ($name:ident, $features:literal, |$acc:ident, $w:ident, $a:ident| $dot:expr, $offset:expr) => {
+        /// # Safety
+        #[doc = concat!("The CPU has ", $features, "; `group` exists in `w`, tile `tile` of `a`")]
+        /// has rows `i0..i0 + R` and `w.cols` columns, `half < 2`, and `out` holds
+        /// `(R - 1) · out_stride + 8` values.
+        #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const R: usize>(
+            w: &Q8Matrix,
+            group: usize,
+            half: usize,
+            a: &Q8Rows,
+            tile: usize,
+            i0: usize,
+            out: *mut f32,
+            out_stride: usize,
+        ) {
+            let s = Start::new(w, group, a, tile);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for b in 0..s.kb {
+                let mut dot = [_mm256_setzero_si256(); R];
+                if $offset {
+                    for i in 0..R {
+                        dot[i] = _mm256_set1_epi32(*s.ao.add(b * s.na + i0 + i));
+                    }
+                }
+                for step in 0..BLOCK_STEPS {
+                    let at = b * NEXT_BLOCK + (step * GROUP_ROWS + half * 8) * LANE_VALUES;
+                    let $w = _mm256_loadu_si256(s.wq.add(at) as *const __m256i);
+                    for i in 0..R {
+                        let $a = _mm256_set1_epi32(four(s.aq, s.na, b, step, i0 + i));
+                        let $acc = dot[i];
+                        dot[i] = $dot;
+                    }
+                }
+                let ws = _mm256_loadu_ps(s.ws.add(b * NEXT_BLOCK_SCALES + half * 8));
+                for i in 0..R {
+                    let d = _mm256_mul_ps(ws, _mm256_set1_ps(*s.as_.add(b * s.na + i0 + i)));
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), d, acc[i]);
+                }
+            }
+            for i in 0..R {
+                _mm256_storeu_ps(out.add(i * out_stride), acc[i]);
+            }
+        }
+    };
+}
+
+// AVX2: maddubs multiplies unsigned by signed bytes, so |w| times a carrying w's sign; a pair
+// of products is at most 2 · 127 · 127, inside int16 (a −128 never loads, see `Q8Matrix`).
+half_kernel!(
+    half_avx2,
+    "avx2,fma",
+    |acc, w, a| {
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    },
+    false
+);
+
+// AVX-VNNI: as the 512-bit kernel, weights offset to unsigned and the sum started at −128 · Σa.
+half_kernel!(
+    half_vnni,
+    "avx2,fma,avxvnni",
+    |acc, w, a| _mm256_dpbusd_avx_epi32(acc, _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN)), a),
+    true
+);
+
+// The AVX-VNNI kernel in EVEX encoding (tests only, see `Half::AvxVnniEvex`).
+#[cfg(test)]
+half_kernel!(
+    half_vnni_evex,
+    "avx2,fma,avx512f,avx512vl,avx512vnni",
+    |acc, w, a| _mm256_dpbusd_epi32(acc, _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN)), a),
+    true
+);
