@@ -49,10 +49,8 @@ impl Q8Matrix {
         Ok(Self::pack(rows, cols, |row, b| {
             let block = &bytes[row * row_bytes + b * GGML_BLOCK_BYTES..][..GGML_BLOCK_BYTES];
             let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-            // GGML's quantizer rounds x / (max |x| / 127), so it never writes −128; a file that
-            // holds one anyway gets −127, which AVX2's sign trick (it cannot negate −128) and
-            // the other kernels then multiply alike.
-            (d, std::array::from_fn(|i| (block[2 + i] as i8).max(-127)))
+            let values: &[u8; QK8_0] = block[2..].try_into().expect("a block holds 32 values");
+            (d, values.map(|v| v as i8))
         }))
     }
 

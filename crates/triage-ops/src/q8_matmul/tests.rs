@@ -129,8 +129,9 @@ fn round_half_away_is_roundf() {
 
 #[test]
 fn extreme_values_do_not_saturate_any_kernel() {
-    // ±127 in both operands, the largest partial sums the int8 paths see (AVX2's maddubs
-    // saturates at ±32,767 per pair), and a stray −128 in the file, which loads as −127.
+    // ±127 in both operands and a stray −128 in the file (GGML's quantizer never writes one),
+    // the largest partial sums the int8 paths see (AVX2's maddubs saturates at ±32,767 per
+    // pair): every kernel keeps the file's values and sums them exactly.
     let cols = 64;
     let mut bytes = Vec::new();
     for row in 0..3 {
@@ -144,7 +145,7 @@ fn extreme_values_do_not_saturate_any_kernel() {
         }
     }
     let w = Q8Matrix::from_ggml_bytes(3, cols, &bytes).unwrap();
-    assert_eq!(w.quants.iter().min(), Some(&-127));
+    assert_eq!(w.quants.iter().min(), Some(&-128));
     let x: Vec<f32> = (0..2 * cols)
         .map(|i| if i % 2 == 0 { 1.0 } else { -1.0 })
         .collect();

@@ -324,8 +324,9 @@ macro_rules! half_kernel {
     };
 }
 
-// AVX2: maddubs multiplies unsigned by signed bytes, so |w| times a carrying w's sign; a pair
-// of products is at most 2 · 127 · 127, inside int16 (a −128 never loads, see `Q8Matrix`).
+// AVX2: maddubs multiplies unsigned by signed bytes, so |w| (as unsigned: a −128 from a file is
+// 128) times a carrying w's sign; a pair of products is at most 2 · 128 · 127, inside int16
+// (activations never hold −128: GGML's rounding stays within ±127).
 half_kernel!(
     half_avx2,
     "avx2,fma",
