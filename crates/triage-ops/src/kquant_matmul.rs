@@ -358,6 +358,7 @@ pub fn kquant_matmul_quantized(
         n,
         TASK_ROWS,
         ROW_CHUNK,
+        crate::pool::TileLayout::ColumnMajor,
         |w0, num_w, a0, num_a, tile| cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, tile),
     ))
 }

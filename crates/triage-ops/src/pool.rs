@@ -35,16 +35,27 @@ where
     slots.into_iter().flatten().collect()
 }
 
+/// How a column task's kernel writes its tile (see `column_tasks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileLayout {
+    /// `[num_c, num_r]`: the shape of kernels whose registers hold one weight row's outputs
+    /// for several activation rows.
+    ColumnMajor,
+    /// `[num_r, task_cols]`, the first `num_c` columns of each row kept: kernels whose registers
+    /// hold one activation row's outputs for several weight rows.
+    RowMajor,
+}
+
 /// A row-major `[m, n]` output computed by column tasks on the pool: task `i` owns columns
 /// `i · task_cols..` (at most `task_cols`) of every row, and fills them chunk of rows by chunk of
-/// rows: `fill(c0, num_c, r0, num_r, tile)` writes `tile` as `[num_c, num_r]` (column-major, the
-/// shape a weight-row × activation-row kernel produces), which lands in its place in the output.
-/// Used by the int8 matmuls, whose tasks are weight rows (output columns).
+/// rows: `fill(c0, num_c, r0, num_r, tile)` writes `tile` in `layout`, which lands in its place
+/// in the output. Used by the int8 matmuls, whose tasks are weight rows (output columns).
 pub(crate) fn column_tasks<F>(
     m: usize,
     n: usize,
     task_cols: usize,
     row_chunk: usize,
+    layout: TileLayout,
     fill: F,
 ) -> Vec<f32>
 where
@@ -61,54 +72,24 @@ where
                 let num_r = row_chunk.min(m - r0);
                 fill(c0, num_c, r0, num_r, &mut tile);
                 for (i, row) in (r0..r0 + num_r).enumerate() {
-                    for c in 0..num_c {
-                        // SAFETY: `row < m` and `c0 + c < n`, so the index is inside `out`
-                        // (`m * n` values), which outlives the pool call; each task index comes
-                        // once, so no other thread writes columns `c0..c0 + num_c`.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            *shared.at(row * n + c0 + c) = tile[c * num_r + i]
-                        };
-                    }
-                }
-            }
-        }
-    });
-    out
-}
-
-/// As `column_tasks`, but `fill(c0, num_c, r0, num_r, tile)` writes `tile` row-major with a row
-/// stride of `task_cols` (`[num_r, task_cols]`, the first `num_c` columns of each row kept): the
-/// shape of kernels whose registers hold one activation row's outputs for several weight rows.
-pub(crate) fn column_tasks_row_major<F>(
-    m: usize,
-    n: usize,
-    task_cols: usize,
-    row_chunk: usize,
-    fill: F,
-) -> Vec<f32>
-where
-    F: Fn(usize, usize, usize, usize, &mut [f32]) + Sync,
-{
-    let mut out = vec![0f32; m * n];
-    let shared = SharedOut(out.as_mut_ptr());
-    candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(task_cols), |range| {
-        let mut tile = vec![0f32; task_cols * row_chunk];
-        for task in range {
-            let c0 = task * task_cols;
-            let num_c = task_cols.min(n - c0);
-            for r0 in (0..m).step_by(row_chunk) {
-                let num_r = row_chunk.min(m - r0);
-                fill(c0, num_c, r0, num_r, &mut tile);
-                for (i, row) in (r0..r0 + num_r).enumerate() {
-                    let src = &tile[i * task_cols..][..num_c];
-                    // SAFETY: `row < m` and `c0 + num_c <= n`, so the `num_c` values are inside
-                    // `out` (`m * n` values), which outlives the pool call; each task index comes
-                    // once, so no other thread writes columns `c0..c0 + num_c`, and `tile` is this
-                    // thread's own buffer, so the ranges do not overlap.
+                    let dst = shared.at(row * n + c0);
+                    // SAFETY: `row < m` and `c0 + num_c <= n`, so the row's `num_c` values are
+                    // inside `out` (`m * n` values), which outlives the pool call; each task
+                    // index comes once, so no other thread writes columns `c0..c0 + num_c`, and
+                    // `tile` is this thread's own buffer, so the ranges do not overlap.
                     #[allow(unsafe_code)]
                     unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.at(row * n + c0), num_c)
+                        match layout {
+                            TileLayout::ColumnMajor => {
+                                for c in 0..num_c {
+                                    *dst.add(c) = tile[c * num_r + i];
+                                }
+                            }
+                            TileLayout::RowMajor => {
+                                let src = &tile[i * task_cols..][..num_c];
+                                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, num_c);
+                            }
+                        }
                     };
                 }
             }
@@ -149,13 +130,20 @@ mod tests {
     #[test]
     fn column_tasks_put_each_tile_in_its_place() {
         // 37 columns in tasks of 16 (a short last one), 70 rows in chunks of 64.
-        let out = column_tasks(70, 37, 16, 64, |c0, num_c, r0, num_r, tile| {
-            for c in 0..num_c {
-                for r in 0..num_r {
-                    tile[c * num_r + r] = ((r0 + r) * 1000 + c0 + c) as f32;
+        let out = column_tasks(
+            70,
+            37,
+            16,
+            64,
+            TileLayout::ColumnMajor,
+            |c0, num_c, r0, num_r, tile| {
+                for c in 0..num_c {
+                    for r in 0..num_r {
+                        tile[c * num_r + r] = ((r0 + r) * 1000 + c0 + c) as f32;
+                    }
                 }
-            }
-        });
+            },
+        );
         for (i, v) in out.iter().enumerate() {
             assert_eq!(*v, ((i / 37) * 1000 + i % 37) as f32, "element {i}");
         }
@@ -164,19 +152,26 @@ mod tests {
     #[test]
     fn row_major_column_tasks_put_each_tile_in_its_place() {
         // 37 columns in tasks of 16 (a short last one), 70 rows in chunks of 64.
-        let out = column_tasks_row_major(70, 37, 16, 64, |c0, num_c, r0, num_r, tile| {
-            for r in 0..num_r {
-                for c in 0..16 {
-                    // Columns past `num_c` are scratch the copy must leave out.
-                    let value = if c < num_c {
-                        (r0 + r) * 1000 + c0 + c
-                    } else {
-                        999_999
-                    };
-                    tile[r * 16 + c] = value as f32;
+        let out = column_tasks(
+            70,
+            37,
+            16,
+            64,
+            TileLayout::RowMajor,
+            |c0, num_c, r0, num_r, tile| {
+                for r in 0..num_r {
+                    for c in 0..16 {
+                        // Columns past `num_c` are scratch the copy must leave out.
+                        let value = if c < num_c {
+                            (r0 + r) * 1000 + c0 + c
+                        } else {
+                            999_999
+                        };
+                        tile[r * 16 + c] = value as f32;
+                    }
                 }
-            }
-        });
+            },
+        );
         for (i, v) in out.iter().enumerate() {
             assert_eq!(*v, ((i / 37) * 1000 + i % 37) as f32, "element {i}");
         }

@@ -160,11 +160,12 @@ pub fn q8_matmul_quantized(a: &Q8Rows, w: &Q8Matrix, kernel: Q8Kernel) -> Result
     // Tasks are weight rows (output columns). They run on candle's own thread pool: a second
     // pool (rayon) would spin against candle's workers between the ops of a layer, which on 2
     // cores cost a sixth of single-stream decode.
-    Ok(crate::pool::column_tasks_row_major(
+    Ok(crate::pool::column_tasks(
         a.rows(),
         w.rows(),
         TASK_ROWS,
         ROW_CHUNK,
+        crate::pool::TileLayout::RowMajor,
         |w0, num_w, a0, num_a, tile| {
             cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, tile, TASK_ROWS)
         },
