@@ -64,7 +64,8 @@ where
     let mut out = vec![0f32; m * n];
     let shared = SharedOut(out.as_mut_ptr());
     candle_core::utils::barrier_pool().execute_chunked(n.div_ceil(task_cols), |range| {
-        let mut tile = vec![0f32; task_cols * row_chunk];
+        // A decode step (one row) needs one row of tile, not `row_chunk`.
+        let mut tile = vec![0f32; task_cols * row_chunk.min(m)];
         for task in range {
             let c0 = task * task_cols;
             let num_c = task_cols.min(n - c0);

@@ -57,7 +57,7 @@ pub(super) fn tiles(
     assert!(groups.end * GROUP_ROWS - w0 <= out_stride && a0 + num_a <= a.rows);
     assert!(groups.end <= w.rows.div_ceil(GROUP_ROWS) && w.cols == a.cols);
     for tile in a0 / TILE_ROWS..(a0 + num_a).div_ceil(TILE_ROWS) {
-        let rows = (tile * TILE_ROWS - a0) * out_stride..;
+        let first_row_at = (tile * TILE_ROWS - a0) * out_stride;
         let mut g = groups.start;
         while g < groups.end {
             let args = TileArgs {
@@ -65,7 +65,7 @@ pub(super) fn tiles(
                 group: g,
                 a,
                 tile,
-                out: &mut out[rows.start + (g - groups.start) * GROUP_ROWS..],
+                out: &mut out[first_row_at + (g - groups.start) * GROUP_ROWS..],
                 out_stride,
             };
             g += match kernel {
