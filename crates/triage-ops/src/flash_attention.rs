@@ -302,7 +302,7 @@ fn run_task(kernel: AttentionKernel, inputs: &Inputs, task: &Task) -> Vec<f32> {
         // SAFETY: as above; Avx512 is listed where the CPU also has AVX-512 F.
         #[allow(unsafe_code)]
         AttentionKernel::Avx512 => unsafe { x86::task_avx512(inputs, task) },
-        _ => task_rows::<4, 16, _>(inputs, task, &PortableRows),
+        _ => task_rows::<4, 16, 4, 1, _>(inputs, task, &PortableRows),
     }
 }
 
@@ -353,12 +353,12 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn task_avx2(inputs: &Inputs, task: &Task) -> Vec<f32> {
-        task_rows::<4, 16, _>(inputs, task, &F16cRows(()))
+        task_rows::<4, 16, 4, 1, _>(inputs, task, &F16cRows(()))
     }
 
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn task_avx512(inputs: &Inputs, task: &Task) -> Vec<f32> {
-        task_rows::<4, 64, _>(inputs, task, &F16cRows(()))
+        task_rows::<4, 64, 6, 4, _>(inputs, task, &F16cRows(()))
     }
 
     /// Converts f16 rows eight values per instruction, inlined into the loop. Its field is
@@ -467,8 +467,9 @@ mod x86 {
 /// a row folds only the keys at or before its position. Scores come from
 /// [`tile::rows_as_lanes_scores`] for a task of at most [`FEW_ROWS`] rows (decode) and from
 /// [`tile::keys_as_lanes_scores`] in groups of `ROWS` rows × `KC` keys otherwise: the same bits.
+/// The weighted values go in register blocks of `VR` rows × `VC` chunks of 16 columns.
 #[inline(always)]
-fn task_rows<const ROWS: usize, const KC: usize, R: TileOps>(
+fn task_rows<const ROWS: usize, const KC: usize, const VR: usize, const VC: usize, R: TileOps>(
     inputs: &Inputs,
     task: &Task,
     reader: &R,
@@ -536,10 +537,10 @@ fn task_rows<const ROWS: usize, const KC: usize, R: TileOps>(
             };
             tile::softmax_row(&mut state, r, *visible);
         }
-        for (g, group) in visible.chunks(tile::VALUE_ROWS).enumerate() {
+        for (g, group) in visible[..rows].chunks(VR).enumerate() {
             let used = group.iter().copied().max().unwrap_or(0);
             if used > 0 {
-                tile::weighted_values(&mut state, g * tile::VALUE_ROWS, &values, used);
+                tile::weighted_values::<VR, VC>(&mut state, g * VR, group.len(), &values, used);
             }
         }
     }

@@ -167,10 +167,21 @@ fn matches_the_reference_for_prefill_prefix_and_decode() {
 
 #[test]
 fn every_kernel_gives_the_same_bits() {
-    let case = Case::new(shape(12, 2, 128), 16, &[(333, 70), (90, 1)], 7);
-    let portable = case.run(AttentionKernel::Portable);
-    for &kernel in AttentionKernel::available() {
-        assert_eq!(case.run(kernel), portable, "{kernel:?}");
+    // The 1.5B's, the 0.5B's and SmolLM2's head groups (6, 7 and 3 query heads per KV head: row
+    // blocks whole and cut short in every kernel's blocking), and head sizes whose columns leave a
+    // remainder after the widest blocks (80) or fill none (40).
+    let cases = [
+        (shape(12, 2, 128), vec![(333, 70), (90, 1)]),
+        (shape(14, 2, 64), vec![(150, 70), (40, 1)]),
+        (shape(9, 3, 80), vec![(100, 37), (20, 1)]),
+        (shape(4, 2, 40), vec![(70, 19)]),
+    ];
+    for (i, (shape, seqs)) in cases.into_iter().enumerate() {
+        let case = Case::new(shape, 16, &seqs, 7 + i as u64);
+        let portable = case.run(AttentionKernel::Portable);
+        for &kernel in AttentionKernel::available() {
+            assert_eq!(case.run(kernel), portable, "case {i}, {kernel:?}");
+        }
     }
 }
 

@@ -51,11 +51,8 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
 /// Query rows of a task that fit in one vector of [`rows_as_lanes_scores`].
 pub(crate) const FEW_ROWS: usize = 8;
 
-/// Rows per register group of the weighted sum of values.
-pub(crate) const VALUE_ROWS: usize = 4;
-
 /// One task's state: its query rows (`dim` values each, zero-padded to a multiple of [`LANES`];
-/// row count padded to a multiple of [`VALUE_ROWS`], the extra rows inactive) with their
+/// the extra rows inactive) with their
 /// running max, sum of weights, weighted values, and this tile's scores (then weights).
 pub(crate) struct RowState {
     pub dim: usize,
@@ -68,7 +65,6 @@ pub(crate) struct RowState {
 
 impl RowState {
     pub fn new(rows: usize, dim: usize) -> Self {
-        let rows = rows.next_multiple_of(VALUE_ROWS);
         Self {
             dim,
             q: vec![0.0; rows * dim],
@@ -200,47 +196,96 @@ fn tile_sum(p: &[f32; KEY_TILE]) -> f32 {
     lane_sum(lanes)
 }
 
-/// `out[r] += Σ_j p[r][j] · v_j` for the [`VALUE_ROWS`] rows from `row0`, over the first
-/// `num_keys` keys, key by key (a row that sees fewer keys weighs the rest 0, which adds exactly
-/// nothing). Two 16-value column chunks at a time keep eight independent chains.
+/// `out[r] += Σ_j p[r][j] · v_j` for the `rows` rows from `row0`, over the first `num_keys` keys,
+/// key by key (a row that sees fewer keys weighs the rest 0, which adds exactly nothing). Each
+/// row's chain is the same whatever the blocking: in register blocks of up to `R` rows × `C`
+/// chunks of [`LANES`] columns, each key's chunks are loaded once for all the block's rows.
 #[inline(always)]
-pub(crate) fn weighted_values(state: &mut RowState, row0: usize, values: &[f32], num_keys: usize) {
-    let dim = state.dim;
-    let p = &state.p[row0 * KEY_TILE..(row0 + VALUE_ROWS) * KEY_TILE];
-    let out = &mut state.out[row0 * dim..(row0 + VALUE_ROWS) * dim];
-    let pairs = dim / (2 * LANES) * 2 * LANES;
-    for c in (0..pairs).step_by(2 * LANES) {
-        value_columns::<{ 2 * LANES }>(out, p, values, num_keys, dim, c);
-    }
-    for c in (pairs..dim).step_by(LANES) {
-        value_columns::<LANES>(out, p, values, num_keys, dim, c);
+pub(crate) fn weighted_values<const R: usize, const C: usize>(
+    state: &mut RowState,
+    row0: usize,
+    rows: usize,
+    values: &[f32],
+    num_keys: usize,
+) {
+    let mut r0 = row0;
+    while r0 < row0 + rows {
+        let n = R.min(row0 + rows - r0);
+        // One monomorphised block per count: the accumulators are arrays of constant size.
+        match n {
+            1 => value_rows::<1, C>(state, r0, values, num_keys),
+            2 => value_rows::<2, C>(state, r0, values, num_keys),
+            3 => value_rows::<3, C>(state, r0, values, num_keys),
+            4 => value_rows::<4, C>(state, r0, values, num_keys),
+            5 => value_rows::<5, C>(state, r0, values, num_keys),
+            6 => value_rows::<6, C>(state, r0, values, num_keys),
+            7 => value_rows::<7, C>(state, r0, values, num_keys),
+            _ => value_rows::<8, C>(state, r0, values, num_keys),
+        }
+        r0 += n.min(8);
     }
 }
 
-/// [`weighted_values`] for the `W` columns from `c`.
+/// [`weighted_values`] for the `N` rows from `row0`, every column.
 #[inline(always)]
-fn value_columns<const W: usize>(
+fn value_rows<const N: usize, const C: usize>(
+    state: &mut RowState,
+    row0: usize,
+    values: &[f32],
+    num_keys: usize,
+) {
+    let dim = state.dim;
+    let num_keys = num_keys.min(KEY_TILE);
+    let p: [&[f32; KEY_TILE]; N] = std::array::from_fn(|r| {
+        let start = (row0 + r) * KEY_TILE;
+        (&state.p[start..start + KEY_TILE])
+            .try_into()
+            .expect("KEY_TILE weights per row")
+    });
+    let out = &mut state.out[row0 * dim..(row0 + N) * dim];
+    let wide = dim / (C * LANES) * (C * LANES);
+    for c in (0..wide).step_by(C * LANES) {
+        value_block::<N, C>(out, &p, values, num_keys, dim, c);
+    }
+    for c in (wide..dim).step_by(LANES) {
+        value_block::<N, 1>(out, &p, values, num_keys, dim, c);
+    }
+}
+
+/// [`weighted_values`] for `N` rows × the `C · LANES` columns from `c`.
+#[inline(always)]
+fn value_block<const N: usize, const C: usize>(
     out: &mut [f32],
-    p: &[f32],
+    p: &[&[f32; KEY_TILE]; N],
     values: &[f32],
     num_keys: usize,
     dim: usize,
     c: usize,
 ) {
-    let mut acc = [[0f32; W]; VALUE_ROWS];
+    let mut acc = [[[0f32; LANES]; C]; N];
     for (r, acc) in acc.iter_mut().enumerate() {
-        acc.copy_from_slice(&out[r * dim + c..r * dim + c + W]);
+        for (q, acc) in acc.iter_mut().enumerate() {
+            let start = r * dim + c + q * LANES;
+            acc.copy_from_slice(&out[start..start + LANES]);
+        }
     }
     for j in 0..num_keys {
-        let v = &values[j * dim + c..j * dim + c + W];
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let w = p[r * KEY_TILE + j];
-            for x in 0..W {
-                acc[x] = w.mul_add(v[x], acc[x]);
+        let row = &values[j * dim + c..j * dim + c + C * LANES];
+        let mut v = [[0f32; LANES]; C];
+        for (q, v) in v.iter_mut().enumerate() {
+            v.copy_from_slice(&row[q * LANES..(q + 1) * LANES]);
+        }
+        for (acc, p) in acc.iter_mut().zip(p) {
+            let w = p[j];
+            for (acc, v) in acc.iter_mut().zip(&v) {
+                *acc = fma_lanes(w, v, acc);
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        out[r * dim + c..r * dim + c + W].copy_from_slice(acc);
+        for (q, acc) in acc.iter().enumerate() {
+            let start = r * dim + c + q * LANES;
+            out[start..start + LANES].copy_from_slice(acc);
+        }
     }
 }
