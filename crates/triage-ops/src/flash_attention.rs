@@ -302,7 +302,7 @@ fn run_task(kernel: AttentionKernel, inputs: &Inputs, task: &Task) -> Vec<f32> {
         // SAFETY: as above; Avx512 is listed where the CPU also has AVX-512 F.
         #[allow(unsafe_code)]
         AttentionKernel::Avx512 => unsafe { x86::task_avx512(inputs, task) },
-        _ => task_rows::<4, 16, 4, 1, _>(inputs, task, &PortableRows),
+        _ => task_rows::<4, 1, 4, 1, _>(inputs, task, &PortableRows),
     }
 }
 
@@ -353,12 +353,12 @@ mod x86 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn task_avx2(inputs: &Inputs, task: &Task) -> Vec<f32> {
-        task_rows::<4, 16, 4, 1, _>(inputs, task, &F16cRows(()))
+        task_rows::<4, 1, 6, 1, _>(inputs, task, &F16cRows(()))
     }
 
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn task_avx512(inputs: &Inputs, task: &Task) -> Vec<f32> {
-        task_rows::<4, 64, 6, 4, _>(inputs, task, &F16cRows(()))
+        task_rows::<6, 2, 6, 4, _>(inputs, task, &F16cRows(()))
     }
 
     /// Converts f16 rows eight values per instruction, inlined into the loop. Its field is
@@ -466,10 +466,11 @@ mod x86 {
 /// The task's rows (token-major, then head) folded tile by tile over keys `0..=last position`;
 /// a row folds only the keys at or before its position. Scores come from
 /// [`tile::rows_as_lanes_scores`] for a task of at most [`FEW_ROWS`] rows (decode) and from
-/// [`tile::keys_as_lanes_scores`] in groups of `ROWS` rows × `KC` keys otherwise: the same bits.
+/// [`tile::keys_as_lanes_scores`] in groups of `ROWS` rows × `SC` chunks of 16 keys otherwise: the
+/// same bits.
 /// The weighted values go in register blocks of `VR` rows × `VC` chunks of 16 columns.
 #[inline(always)]
-fn task_rows<const ROWS: usize, const KC: usize, const VR: usize, const VC: usize, R: TileOps>(
+fn task_rows<const ROWS: usize, const SC: usize, const VR: usize, const VC: usize, R: TileOps>(
     inputs: &Inputs,
     task: &Task,
     reader: &R,
@@ -521,9 +522,15 @@ fn task_rows<const ROWS: usize, const KC: usize, const VR: usize, const VC: usiz
         if few {
             reader.few_rows_scores(&mut state, &q_t, &keys, num_keys, scale);
         } else {
-            transpose(&keys, dim, num_keys.next_multiple_of(KC), d, &mut keys_t);
+            transpose(
+                &keys,
+                dim,
+                num_keys.next_multiple_of(SC * LANES),
+                d,
+                &mut keys_t,
+            );
             for row0 in (0..rows).step_by(ROWS) {
-                tile::keys_as_lanes_scores::<ROWS, KC>(
+                tile::keys_as_lanes_scores::<ROWS, SC>(
                     &mut state, row0, &keys_t, num_keys, d, scale,
                 );
             }

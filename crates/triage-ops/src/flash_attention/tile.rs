@@ -80,10 +80,11 @@ impl RowState {
 // multiply-adds over i = 0, 1, …, d − 1: the same bits, whichever runs.
 
 /// Scores of `ROWS` rows from `row0`, keys as vector lanes: `keys_t` holds the tile transposed
-/// (`[d][KEY_TILE]`), so each step broadcasts one query value against `KC` keys. For tasks
-/// with many rows, over which the transposition is spread.
+/// (`[d][KEY_TILE]`), so each step loads `C` chunks of [`LANES`] keys once and broadcasts one
+/// query value of each row against them. For tasks with many rows, over which the transposition
+/// is spread.
 #[inline(always)]
-pub(crate) fn keys_as_lanes_scores<const ROWS: usize, const KC: usize>(
+pub(crate) fn keys_as_lanes_scores<const ROWS: usize, const C: usize>(
     state: &mut RowState,
     row0: usize,
     keys_t: &[f32],
@@ -92,20 +93,25 @@ pub(crate) fn keys_as_lanes_scores<const ROWS: usize, const KC: usize>(
     scale: f32,
 ) {
     let dim = state.dim;
-    for k0 in (0..num_keys).step_by(KC) {
-        let mut acc = [[0f32; KC]; ROWS];
+    for k0 in (0..num_keys).step_by(C * LANES) {
+        let mut acc = [[[0f32; LANES]; C]; ROWS];
         for i in 0..d {
-            let k = &keys_t[i * KEY_TILE + k0..i * KEY_TILE + k0 + KC];
+            let row = &keys_t[i * KEY_TILE + k0..i * KEY_TILE + k0 + C * LANES];
+            let mut k = [[0f32; LANES]; C];
+            for (q, k) in k.iter_mut().enumerate() {
+                k.copy_from_slice(&row[q * LANES..(q + 1) * LANES]);
+            }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let qv = state.q[(row0 + r) * dim + i];
-                for x in 0..KC {
-                    acc[x] = qv.mul_add(k[x], acc[x]);
+                for (acc, k) in acc.iter_mut().zip(&k) {
+                    *acc = fma_lanes(qv, k, acc);
                 }
             }
         }
         for (r, acc) in acc.iter().enumerate() {
-            let p = &mut state.p[(row0 + r) * KEY_TILE + k0..(row0 + r) * KEY_TILE + k0 + KC];
-            for (p, &a) in p.iter_mut().zip(acc) {
+            let start = (row0 + r) * KEY_TILE + k0;
+            let p = &mut state.p[start..start + C * LANES];
+            for (p, &a) in p.iter_mut().zip(acc.as_flattened()) {
                 *p = a * scale;
             }
         }
