@@ -52,7 +52,7 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
 pub(crate) const FEW_ROWS: usize = 8;
 
 /// One task's state: its query rows (`dim` values each, zero-padded to a multiple of [`LANES`];
-/// the extra rows inactive) with their
+/// rows past the task's, which pad it to the score blocks' height, stay inactive) with their
 /// running max, sum of weights, weighted values, and this tile's scores (then weights).
 pub(crate) struct RowState {
     pub dim: usize,
