@@ -135,25 +135,22 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
                 args.suite.suite, args.suite.seed, args.suite.context_tokens
             ))
     });
-    let floor = match (args.min_accuracy, args.min_retained) {
-        (Some(a), _) => triage_eval::calibrate::Floor::Accuracy(a),
-        (None, Some(f)) => triage_eval::calibrate::Floor::Retained(f),
-        (None, None) => triage_eval::calibrate::Floor::None,
+    use triage_eval::calibrate::{Floor, Rule};
+    let rule = match (args.escalation_rate, args.min_accuracy, args.min_retained) {
+        (Some(rate), _, _) => Rule::EscalationRate(rate),
+        (None, Some(a), _) => Rule::Elbow(Floor::Accuracy(a)),
+        (None, None, Some(f)) => Rule::Elbow(Floor::Retained(f)),
+        (None, None, None) => Rule::Elbow(Floor::None),
     };
-    if !(args.tau_step > 0.0 && args.tau_min <= args.tau_max) {
-        anyhow::bail!("the τ grid needs --tau-step > 0 and --tau-min <= --tau-max");
-    }
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
-    let (chosen, calibration) = cli::eval::calibrate(
-        &config,
-        &args.out,
-        (args.tau_min, args.tau_max, args.tau_step),
-        floor,
-    )?;
-    println!("| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|");
-    for p in &chosen.curve {
+    let (chosen, calibration) = cli::eval::calibrate(&config, &args.out, rule)?;
+    println!(
+        "{} quantile τs on dev; every 5% of escalation:\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|",
+        chosen.curve.len()
+    );
+    for p in &triage_eval::sweep::by_escalation_rate(&chosen.curve, 20) {
         println!(
-            "| {:.2} | {:.2} | {:.3} | {:.0} | {:.5} |",
+            "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |",
             p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
         );
     }

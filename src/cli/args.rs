@@ -132,12 +132,10 @@ pub struct CalibrateArgs {
     /// The same, as a fraction of long context's accuracy.
     #[arg(long)]
     pub min_retained: Option<f64>,
-    #[arg(long, default_value_t = 0.5)]
-    pub tau_min: f64,
-    #[arg(long, default_value_t = 2.5)]
-    pub tau_max: f64,
-    #[arg(long, default_value_t = 0.05)]
-    pub tau_step: f64,
+    /// Instead of the elbow, the τ escalating at most this share of the dev answers (the
+    /// statistic's quantile at one minus it).
+    #[arg(long, conflicts_with_all = ["min_accuracy", "min_retained"])]
+    pub escalation_rate: Option<f64>,
 }
 
 #[derive(clap::Args)]

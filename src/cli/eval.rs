@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use triage_eval::calibrate::{self, Floor};
+use triage_eval::calibrate::{self, Rule};
 use triage_eval::report;
 use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
@@ -487,8 +487,7 @@ pub fn calibrated_toml(tau: f64, calibration: &Calibration) -> Result<String> {
 pub fn calibrate(
     config: &EvalConfig,
     out: &Path,
-    grid: (f64, f64, f64),
-    floor: Floor,
+    rule: Rule,
 ) -> Result<(calibrate::Chosen, Calibration)> {
     if config.split != Split::Dev {
         bail!("τ is calibrated on the dev split only (--split dev); test is for reporting");
@@ -496,7 +495,7 @@ pub fn calibrate(
     let mut run_config = config.clone();
     run_config.systems = vec![System::Rag, System::Lc];
     let done = run(&run_config)?;
-    let (chosen, calibration) = calibrate::calibrate(&done.rows, grid, floor)?;
+    let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
     let text = calibrated_toml(chosen.tau, &calibration)?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok((chosen, calibration))

@@ -98,8 +98,7 @@ fn calibration_is_refused_on_the_test_split() {
     let err = eval::calibrate(
         &config,
         &dir.path().join("routing.toml"),
-        (0.5, 2.5, 0.05),
-        triage_eval::calibrate::Floor::None,
+        triage_eval::calibrate::Rule::Elbow(triage_eval::calibrate::Floor::None),
     )
     .unwrap_err()
     .to_string();

@@ -1,7 +1,9 @@
-//! `triage calibrate`'s choice of τ from dev results: sweep τ, take the elbow of the accuracy–
-//! cost curve (where a lower τ's marginal accuracy gain falls below its marginal cost, priced
-//! at the exchange rate of going from RAG alone to RAG then LC for every query), and when an
-//! accuracy floor is set and the elbow misses it, the cheapest τ that meets it.
+//! `triage calibrate`'s choice of τ from dev results, among the quantiles of the RAG answers'
+//! statistic (every distinct split of the dev answers, `sweep::quantile_taus`): by default the
+//! elbow of the accuracy–cost curve (where a lower τ's marginal accuracy gain falls below its
+//! marginal cost, priced at the exchange rate of going from RAG alone to RAG then LC for every
+//! query), and when an accuracy floor is set and the elbow misses it, the cheapest τ that meets
+//! it; or the τ that escalates a target share of the dev answers.
 
 use sha2::{Digest, Sha256};
 use triage_types::{Calibration, TauRecord};
@@ -9,7 +11,7 @@ use triage_types::{Calibration, TauRecord};
 use crate::error::{EvalError, Result};
 use crate::results::ResultRow;
 use crate::suites::Split;
-use crate::sweep::{point, rag_lc_pairs, tau_grid, RagLcPair, SweepPoint};
+use crate::sweep::{point, quantile_taus, rag_lc_pairs, RagLcPair, SweepPoint};
 use crate::system::System;
 
 /// An accuracy floor for τ.
@@ -22,20 +24,31 @@ pub enum Floor {
     Retained(f64),
 }
 
+/// How τ is picked among the quantiles of the dev statistic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// The elbow, or the cheapest τ meeting the floor where the elbow misses it.
+    Elbow(Floor),
+    /// The τ escalating the largest share of the dev answers not above this one (the
+    /// statistic's quantile at one minus it).
+    EscalationRate(f64),
+}
+
 /// The sweep and the τ chosen from it.
 #[derive(Debug, Clone)]
 pub struct Chosen {
     pub tau: f64,
     pub rule: String,
     pub at: SweepPoint,
+    /// One point per quantile τ, ascending τ.
     pub curve: Vec<SweepPoint>,
     pub rag_accuracy: f64,
     pub lc_accuracy: f64,
     pub lc_tokens: f64,
 }
 
-/// Choose τ on `grid` (ascending) for `pairs`.
-pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen> {
+/// Choose τ for `pairs` by `rule`.
+pub fn choose(pairs: &[RagLcPair], rule: Rule) -> Result<Chosen> {
     if pairs.is_empty() {
         return Err(EvalError::Invalid(
             "calibration needs queries answered by both the rag and the lc systems".into(),
@@ -45,7 +58,33 @@ pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen>
     let rag_accuracy = pairs.iter().map(|p| p.rag_value).sum::<f64>() / n;
     let lc_accuracy = pairs.iter().map(|p| p.lc_value).sum::<f64>() / n;
     let lc_tokens = pairs.iter().map(|p| p.lc_tokens).sum::<f64>() / n;
-    let curve: Vec<SweepPoint> = grid.iter().map(|&t| point(pairs, t)).collect();
+    let curve: Vec<SweepPoint> = quantile_taus(pairs)
+        .into_iter()
+        .map(|t| point(pairs, t))
+        .collect();
+    let (at, rule) = match rule {
+        Rule::Elbow(floor) => elbow_or_floor(pairs, &curve, floor, lc_accuracy)?,
+        Rule::EscalationRate(rate) => at_escalation_rate(&curve, rate)?,
+    };
+    Ok(Chosen {
+        tau: at.tau,
+        rule,
+        at,
+        curve,
+        rag_accuracy,
+        lc_accuracy,
+        lc_tokens,
+    })
+}
+
+/// The elbow maximises accuracy − rate · cost (ties to the larger, cheaper τ); a floor it misses
+/// takes the cheapest point that meets it.
+fn elbow_or_floor(
+    pairs: &[RagLcPair],
+    curve: &[SweepPoint],
+    floor: Floor,
+    lc_accuracy: f64,
+) -> Result<(SweepPoint, String)> {
     // The exchange rate: accuracy per unit cost from never to always escalating.
     let (never, always) = (point(pairs, f64::INFINITY), point(pairs, f64::NEG_INFINITY));
     let rate = if always.mean_cost > never.mean_cost {
@@ -53,7 +92,6 @@ pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen>
     } else {
         0.0
     };
-    // The elbow maximises accuracy − rate · cost; ties go to the larger (cheaper) τ.
     let value = |p: &SweepPoint| p.accuracy - rate * p.mean_cost;
     let elbow = curve
         .iter()
@@ -63,13 +101,13 @@ pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen>
             _ => Some(p),
         })
         .copied()
-        .ok_or_else(|| EvalError::Invalid("the τ grid is empty".into()))?;
+        .ok_or_else(|| EvalError::Invalid("no statistic to choose τ from".into()))?;
     let min_accuracy = match floor {
         Floor::None => None,
         Floor::Accuracy(a) => Some(a),
         Floor::Retained(f) => Some(f * lc_accuracy),
     };
-    let (at, rule) = match min_accuracy {
+    match min_accuracy {
         Some(a) if elbow.accuracy + 1e-12 < a => {
             let cheapest = curve
                 .iter()
@@ -87,34 +125,62 @@ pub fn choose(pairs: &[RagLcPair], grid: &[f64], floor: Floor) -> Result<Chosen>
                     .copied()
                     .unwrap_or(elbow);
                 return Err(EvalError::Invalid(format!(
-                    "no τ in [{}, {}] reaches accuracy {a:.3} on this dev set (best {:.3} at \
-                     τ = {}; long context alone {lc_accuracy:.3})",
-                    grid[0],
-                    grid[grid.len() - 1],
+                    "no τ reaches accuracy {a:.3} on this dev set (best {:.3} at τ = {}, \
+                     {:.1}% escalated; long context alone {lc_accuracy:.3})",
                     best.accuracy,
-                    best.tau
+                    best.tau,
+                    100.0 * best.escalation_rate
                 )));
             };
-            (
+            Ok((
                 p,
                 format!(
                     "cheapest τ with accuracy ≥ {a:.3} (the elbow has {:.3})",
                     elbow.accuracy
                 ),
-            )
+            ))
         }
-        Some(a) => (elbow, format!("elbow (meets accuracy ≥ {a:.3})")),
-        None => (elbow, "elbow".into()),
-    };
-    Ok(Chosen {
-        tau: at.tau,
-        rule,
-        at,
-        curve,
-        rag_accuracy,
-        lc_accuracy,
-        lc_tokens,
-    })
+        Some(a) => Ok((elbow, format!("elbow (meets accuracy ≥ {a:.3})"))),
+        None => Ok((elbow, "elbow".into())),
+    }
+}
+
+/// The point escalating the most without exceeding `rate` (the cheapest of equals).
+fn at_escalation_rate(curve: &[SweepPoint], rate: f64) -> Result<(SweepPoint, String)> {
+    if !(0.0..=1.0).contains(&rate) {
+        return Err(EvalError::Invalid(format!(
+            "a target escalation rate is a share in [0, 1], not {rate}"
+        )));
+    }
+    let best = curve
+        .iter()
+        .filter(|p| p.escalation_rate <= rate + 1e-12)
+        .max_by(|a, b| {
+            a.escalation_rate
+                .total_cmp(&b.escalation_rate)
+                .then(b.mean_cost.total_cmp(&a.mean_cost))
+        })
+        .copied();
+    let least = curve
+        .iter()
+        .map(|p| p.escalation_rate)
+        .fold(f64::INFINITY, f64::min);
+    let p = best.ok_or_else(|| {
+        EvalError::Invalid(format!(
+            "no τ escalates at most {:.1}% of this dev set: declined answers and answers without \
+             a statistic escalate at any τ ({:.1}%)",
+            100.0 * rate,
+            100.0 * least
+        ))
+    })?;
+    Ok((
+        p,
+        format!(
+            "escalation rate ≤ {:.1}% (dev: {:.1}%)",
+            100.0 * rate,
+            100.0 * p.escalation_rate
+        ),
+    ))
 }
 
 /// SHA-256 over the dev examples' ids, questions and gold answers, in id order.
@@ -145,11 +211,7 @@ fn monitor_settings(tau: &TauRecord) -> impl PartialEq + std::fmt::Debug + '_ {
 }
 
 /// Calibrate τ from the `rag` and `lc` rows of a dev run.
-pub fn calibrate(
-    rows: &[ResultRow],
-    grid: (f64, f64, f64),
-    floor: Floor,
-) -> Result<(Chosen, Calibration)> {
+pub fn calibrate(rows: &[ResultRow], rule: Rule) -> Result<(Chosen, Calibration)> {
     let Some(first) = rows.first() else {
         return Err(EvalError::Invalid("the results file is empty".into()));
     };
@@ -184,7 +246,7 @@ pub fn calibrate(
         )));
     }
     let pairs = rag_lc_pairs(rows);
-    let chosen = choose(&pairs, &tau_grid(grid.0, grid.1, grid.2), floor)?;
+    let chosen = choose(&pairs, rule)?;
     let calibration = Calibration {
         model: tau.model.clone(),
         estimator: tau.estimator,
@@ -229,9 +291,9 @@ mod tests {
 
     #[test]
     fn the_elbow_escalates_exactly_the_wrong_answers() {
-        let c = choose(&pairs(), &tau_grid(0.5, 2.5, 0.05), Floor::None).unwrap();
+        let c = choose(&pairs(), Rule::Elbow(Floor::None)).unwrap();
         // Escalating statistics > τ: τ in [0.9, 1.0) escalates all ten wrong answers and no
-        // right one; the grid's largest such τ is 0.95.
+        // right one; the quantile τ there is the midpoint, 0.95.
         assert!((c.tau - 0.95).abs() < 1e-9, "{}", c.tau);
         assert!((c.at.accuracy - 1.0).abs() < 1e-12);
         assert!((c.at.escalation_rate - 0.5).abs() < 1e-12);
@@ -247,21 +309,58 @@ mod tests {
         let ps: Vec<RagLcPair> = (0..20)
             .map(|i| pair(f64::from(i) / 10.0, ![3, 12, 15, 18, 19].contains(&i), true))
             .collect();
-        let grid = tau_grid(0.0, 2.5, 0.05);
-        let elbow = choose(&ps, &grid, Floor::None).unwrap();
+        let elbow = choose(&ps, Rule::Elbow(Floor::None)).unwrap();
         assert!((elbow.tau - 1.15).abs() < 1e-9, "{}", elbow.tau);
         assert!((elbow.at.accuracy - 0.95).abs() < 1e-12);
         // A floor the elbow meets keeps it.
-        let met = choose(&ps, &grid, Floor::Retained(0.9)).unwrap();
+        let met = choose(&ps, Rule::Elbow(Floor::Retained(0.9))).unwrap();
         assert_eq!(met.tau, elbow.tau);
         assert!(met.rule.starts_with("elbow"), "{}", met.rule);
         // Accuracy 0.99 needs the answer at 0.3 escalated: the largest such τ is 0.25.
-        let floor = choose(&ps, &grid, Floor::Accuracy(0.99)).unwrap();
+        let floor = choose(&ps, Rule::Elbow(Floor::Accuracy(0.99))).unwrap();
         assert!((floor.tau - 0.25).abs() < 1e-9, "{}", floor.tau);
         assert!(floor.rule.contains("cheapest"), "{}", floor.rule);
-        // On the issue's grid, [0.5, 2.5], no τ reaches it: a clear error.
-        let err = choose(&ps, &tau_grid(0.5, 2.5, 0.05), Floor::Accuracy(0.99)).unwrap_err();
-        assert!(err.to_string().contains("no τ in [0.5, 2.5]"), "{err}");
+        // Above what escalating everything reaches, no τ does: a clear error.
+        let err = choose(&ps, Rule::Elbow(Floor::Retained(1.01))).unwrap_err();
+        assert!(
+            err.to_string().contains("no τ reaches accuracy 1.010"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn quantiles_split_statistics_no_grid_could() {
+        // kv-retrieval's case: every statistic within 0.19 nats, the wrong answers the top
+        // three (0.170, 0.175, 0.180), 0.005 nats apart; a 0.05-nat grid escalates all or none
+        // of them.
+        let ps: Vec<RagLcPair> = (0..20)
+            .map(|i| pair(0.085 + 0.005 * f64::from(i), i < 17, true))
+            .collect();
+        let c = choose(&ps, Rule::Elbow(Floor::None)).unwrap();
+        assert!((c.at.accuracy - 1.0).abs() < 1e-12 && (c.at.escalation_rate - 0.15).abs() < 1e-12);
+        assert!(c.tau > 0.165 && c.tau < 0.170, "{}", c.tau);
+        assert_eq!(c.curve.len(), 21);
+    }
+
+    #[test]
+    fn a_target_escalation_rate_takes_the_quantile_that_meets_it() {
+        let ps = pairs();
+        // A fifth of twenty: the four largest statistics (1.6..1.9) escalate.
+        let c = choose(&ps, Rule::EscalationRate(0.2)).unwrap();
+        assert!((c.at.escalation_rate - 0.2).abs() < 1e-12, "{:?}", c.at);
+        assert!((c.tau - 1.55).abs() < 1e-9, "{}", c.tau);
+        assert!(c.rule.contains("20.0%"), "{}", c.rule);
+        // Between quantiles, the one below: 0.23 escalates four, not five.
+        let c = choose(&ps, Rule::EscalationRate(0.23)).unwrap();
+        assert!((c.at.escalation_rate - 0.2).abs() < 1e-12);
+        // Declined answers escalate at any τ: a target under their share cannot be met.
+        let mut declined = ps.clone();
+        for p in declined.iter_mut().take(3) {
+            p.declined = true;
+        }
+        let err = choose(&declined, Rule::EscalationRate(0.1)).unwrap_err();
+        assert!(err.to_string().contains("(15.0%)"), "{err}");
+        assert!(choose(&ps, Rule::EscalationRate(1.5)).is_err());
     }
 
     /// A monitor record like the engine's, with `estimator` (as named in JSON).
@@ -313,7 +412,7 @@ mod tests {
     #[test]
     fn calibration_records_the_monitor_settings_and_the_dev_data() {
         let r = rows(20, "full_softmax");
-        let (chosen, c) = calibrate(&r, (0.0, 2.5, 0.05), Floor::None).unwrap();
+        let (chosen, c) = calibrate(&r, Rule::Elbow(Floor::None)).unwrap();
         assert_eq!(c.model, "qwen2.5-coder-0.5b");
         assert_eq!((c.window, c.queries), (30, 20));
         assert_eq!(
@@ -334,16 +433,16 @@ mod tests {
     fn calibration_refuses_test_rows_and_mixed_monitor_settings() {
         let mut r = rows(10, "full_softmax");
         r[0].split = Split::Test;
-        let err = calibrate(&r, (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        let err = calibrate(&r, Rule::Elbow(Floor::None)).unwrap_err();
         assert!(err.to_string().contains("dev only"), "{err}");
         let mut r = rows(10, "full_softmax");
         r.extend(rows(10, "sampled_nll").into_iter().map(|mut x| {
             x.example = format!("other-{}", x.example);
             x
         }));
-        let err = calibrate(&r, (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        let err = calibrate(&r, Rule::Elbow(Floor::None)).unwrap_err();
         assert!(err.to_string().contains("different settings"), "{err}");
-        let err = calibrate(&[], (0.5, 2.5, 0.05), Floor::None).unwrap_err();
+        let err = calibrate(&[], Rule::Elbow(Floor::None)).unwrap_err();
         assert!(err.to_string().contains("empty"), "{err}");
     }
 }

@@ -11,7 +11,10 @@ use triage_types::{auroc, RoutePath};
 
 use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
-use crate::sweep::{curve_area, point, rag_lc_pairs, tau_grid, CurveArea, SweepPoint};
+use crate::sweep::{
+    apgr, by_escalation_rate, curve_area, pgr, point, quantile_taus, rag_lc_pairs, CurveArea,
+    SweepPoint,
+};
 use crate::system::System;
 
 /// Systems that force one path; the oracle picks among them.
@@ -47,6 +50,8 @@ pub struct SystemSummary {
     pub token_reduction_vs_lc: Option<Estimate>,
     /// Accuracy gained per 1,000 extra tokens over `rag`.
     pub gain_per_1k_tokens_vs_rag: Option<f64>,
+    /// RouteLLM's performance gap recovered, from `rag`'s accuracy to `lc`'s.
+    pub pgr: Option<f64>,
     pub routing: Option<RoutingScore>,
     /// Accuracy per sub-population ("unanswerable", "pairs=75", ...).
     pub by_kind: BTreeMap<String, (usize, f64)>,
@@ -70,6 +75,9 @@ pub struct SignalReport {
     pub n: usize,
     pub error_rate: f64,
     pub auroc_statistic: Option<f64>,
+    /// AUROC of the statistic for "long context fixes it": the RAG answer is wrong and the
+    /// long-context answer right (needs the `lc` system).
+    pub auroc_lc_fixes: Option<f64>,
     pub auroc_mean_entropy: Option<f64>,
     pub bins: Vec<EntropyBin>,
     /// Pearson r of bin centre vs hallucination rate, over bins with at least `MIN_BIN` answers.
@@ -94,8 +102,14 @@ pub struct Report {
     pub queries: usize,
     pub systems: Vec<SystemSummary>,
     pub signals: Option<SignalReport>,
+    /// The sweep over the quantiles of the RAG statistic, at every 5% of escalation.
     pub sweep: Vec<SweepPoint>,
     pub area: Option<CurveArea>,
+    /// The area under PGR against the escalation rate over the sweep (`sweep::apgr`).
+    pub apgr: Option<f64>,
+    /// r: the mean tokens of a `rag` answer over those of an `lc` answer; a cascade costs about
+    /// r + e of long context's tokens, e its escalation rate.
+    pub rag_lc_ratio: Option<f64>,
     pub depth: Vec<DepthRow>,
 }
 
@@ -131,7 +145,8 @@ fn percentile(xs: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn signal_report(rag: &[&ResultRow]) -> Option<SignalReport> {
+/// `lc_right`: per RAG row (same order), whether the long-context answer is right, where known.
+fn signal_report(rag: &[&ResultRow], lc_right: &[Option<bool>]) -> Option<SignalReport> {
     let values: Vec<(f64, bool)> = rag
         .iter()
         .filter_map(|r| r.rag_statistic.map(|s| (s, !r.score.correct)))
@@ -143,6 +158,11 @@ fn signal_report(rag: &[&ResultRow]) -> Option<SignalReport> {
     let (me, mw): (Vec<f64>, Vec<bool>) = rag
         .iter()
         .filter_map(|r| r.rag_mean_entropy.map(|s| (s, !r.score.correct)))
+        .unzip();
+    let (fix_scores, fixes): (Vec<f64>, Vec<bool>) = rag
+        .iter()
+        .zip(lc_right)
+        .filter_map(|(r, lc)| Some((r.rag_statistic?, !r.score.correct && (*lc)?)))
         .unzip();
     let lo = scores.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -178,6 +198,7 @@ fn signal_report(rag: &[&ResultRow]) -> Option<SignalReport> {
         n: values.len(),
         error_rate: wrong.iter().filter(|w| **w).count() as f64 / wrong.len() as f64,
         auroc_statistic: auroc(&scores, &wrong),
+        auroc_lc_fixes: auroc(&fix_scores, &fixes),
         auroc_mean_entropy: auroc(&me, &mw),
         bins,
         pearson_r: pearson(&centres, &rates),
@@ -319,6 +340,11 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
                 token_reduction_vs_lc: has("lc")
                     .then(|| boot.estimate(|idx| 1.0 - mean_at(&tok, idx) / mean_at(&lc_tok, idx))),
                 gain_per_1k_tokens_vs_rag: rag_gain,
+                pgr: if has("rag") && has("lc") {
+                    pgr(mean(&acc), mean(&column("rag", &value)), mean(&lc_acc))
+                } else {
+                    None
+                },
                 routing,
                 by_kind,
             }
@@ -335,23 +361,31 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
     } else {
         Vec::new()
     };
-    let sweep = if pairs.is_empty() {
+    let lc_right: Vec<Option<bool>> = rag_rows
+        .iter()
+        .map(|r| table[r.example.as_str()].get("lc").map(|l| l.score.correct))
+        .collect();
+    let curve: Vec<SweepPoint> = if pairs.is_empty() {
         Vec::new()
     } else {
-        tau_grid(0.0, 2.5, 0.05)
+        quantile_taus(&pairs)
             .into_iter()
             .map(|t| point(&pairs, t))
             .collect()
     };
+    let rag_lc_ratio =
+        (has("rag") && has("lc")).then(|| mean(&column("rag", &tokens)) / mean(&lc_tok).max(1.0));
     let depth = depth_rows(&examples, &systems, &table);
     Report {
         suite,
         split,
         queries: n,
         systems: summaries,
-        signals: signal_report(&rag_rows),
-        sweep,
+        signals: signal_report(&rag_rows, &lc_right),
+        sweep: by_escalation_rate(&curve, 20),
         area: curve_area(&pairs),
+        apgr: apgr(&pairs),
+        rag_lc_ratio,
         depth,
     }
 }
@@ -450,29 +484,38 @@ pub fn markdown(r: &Report) -> String {
         }
     }
     s.push_str("\n## Headline against long context\n\n");
+    if let Some(ratio) = r.rag_lc_ratio {
+        s.push_str(&format!(
+            "r = {ratio:.3}: a RAG answer's tokens over a long-context answer's (every prompt \
+             token charged), so a cascade escalating a share e costs about r + e of long \
+             context's tokens.\n\n"
+        ));
+    }
     for m in r.systems.iter().filter(|m| m.routing.is_some()) {
         if let (Some(ret), Some(red)) = (m.retained_vs_lc, m.token_reduction_vs_lc) {
             s.push_str(&format!(
                 "- **{}**: {:.1}% of long context's accuracy at {:.1}% of its tokens, {:.1}% \
-                 escalated ({:.1}% answered by LC).\n",
+                 escalated ({:.1}% answered by LC), PGR {}.\n",
                 m.system,
                 100.0 * ret.value,
                 100.0 * (1.0 - red.value),
                 100.0 * m.escalation_rate,
-                100.0 * m.lc_rate
+                100.0 * m.lc_rate,
+                opt(m.pgr, 3)
             ));
         }
     }
     if let Some(sig) = &r.signals {
         s.push_str(&format!(
             "\n## Entropy of the RAG answer vs its errors\n\n{} RAG answers, {:.1}% wrong. AUROC \
-             for a wrong answer: monitor statistic {}, mean entropy of the first tokens {}. \
-             Pearson r of hallucination rate vs entropy bin (bins with ≥ {MIN_BIN} answers): {}.\n\n\
+             for a wrong answer: monitor statistic {}, mean entropy of the first tokens {}; \
+             for \"long context fixes it\" (RAG wrong, LC right): {}. Pearson r of hallucination rate vs entropy bin (bins with ≥ {MIN_BIN} answers): {}.\n\n\
              | entropy bin | answers | wrong | hallucination rate [95% Wilson] |\n|---|---|---|---|\n",
             sig.n,
             100.0 * sig.error_rate,
             opt(sig.auroc_statistic, 3),
             opt(sig.auroc_mean_entropy, 3),
+            opt(sig.auroc_lc_fixes, 3),
             opt(sig.pearson_r, 3)
         ));
         for b in sig.bins.iter().filter(|b| b.n > 0) {
@@ -484,14 +527,18 @@ pub fn markdown(r: &Report) -> String {
     }
     if let Some(a) = r.area {
         s.push_str(&format!(
-            "\n## τ sweep (RAG escalating to LC above τ, offline)\n\nArea under the \
+            "\n## τ sweep (RAG escalating to LC above τ, offline)\n\nτ runs over the \
+             quantiles of the RAG statistic; rows at every 5% of escalation. Area under the \
              accuracy–tokens curve (tokens scaled from RAG alone to RAG + LC for all): {:.3}; \
-             routing at random: {:.3}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
-            a.area, a.random
+             routing at random: {:.3}. APGR (area under the performance gap recovered against \
+             the escalation rate; random 0.5): {}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
+            a.area,
+            a.random,
+            opt(r.apgr, 3)
         ));
-        for p in r.sweep.iter().step_by(5) {
+        for p in &r.sweep {
             s.push_str(&format!(
-                "| {:.2} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
+                "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
                 p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
             ));
         }
@@ -596,8 +643,32 @@ pub(crate) mod tests {
             .find(|p| (p.tau - 0.55).abs() < 1e-9)
             .unwrap();
         assert!((p.accuracy - 0.9).abs() < 1e-12 && (p.escalation_rate - 0.4).abs() < 1e-12);
+        // RAG 0.6, LC 0.9: edar recovers the whole gap; RAG none of it.
+        assert!((edar.pgr.unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(rag.pgr, Some(0.0));
+        // r: 100 tokens against 1,000.
+        assert!((report.rag_lc_ratio.unwrap() - 0.1).abs() < 1e-12);
+        // LC fixes e6, e7, e8 (RAG wrong, LC right), the statistic's top answers but for e9,
+        // which LC gets wrong too and which outranks them: 18 of 21 pairs ordered.
+        assert!(
+            (sig.auroc_lc_fixes.unwrap() - 6.0 / 7.0).abs() < 1e-12,
+            "{sig:?}"
+        );
+        // The sweep escalates the wrong answers first, but e9 (which LC cannot fix) first of
+        // all: PGR 0 at 0.1, 1/3, 2/3, 1 at 0.4, then flat.
+        let want = 0.1 * (0.0 + 0.0) / 2.0
+            + 0.1 * (0.0 + 1.0 / 3.0) / 2.0
+            + 0.1 * (1.0 / 3.0 + 2.0 / 3.0) / 2.0
+            + 0.1 * (2.0 / 3.0 + 1.0) / 2.0
+            + 0.6;
+        assert!(
+            (report.apgr.unwrap() - want).abs() < 1e-9,
+            "{:?}",
+            report.apgr
+        );
         let md = markdown(&report);
         assert!(md.contains("| edar | 0.900 ["), "{md}");
+        assert!(md.contains("r = 0.100") && md.contains("PGR 1.000"), "{md}");
         assert!(md.contains("100.0% of long context's accuracy at 50.0% of its tokens"));
     }
 

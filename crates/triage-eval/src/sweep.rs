@@ -1,7 +1,8 @@
 //! The τ sweep, offline: each query's forced-RAG answer (with the monitor's statistic) and
 //! forced long-context answer, joined, give the accuracy and cost of "RAG, escalating when the
-//! statistic exceeds τ" for every τ without rerunning a model — the curve `triage calibrate`
-//! chooses from and the report's accuracy–cost plot and area.
+//! statistic exceeds τ" for every τ at the statistic's quantiles without rerunning a model —
+//! the curve `triage calibrate` chooses from, the report's accuracy–cost plot and area, and
+//! RouteLLM's performance gap recovered (PGR, APGR).
 
 use std::collections::HashMap;
 
@@ -91,12 +92,89 @@ pub fn point(pairs: &[RagLcPair], tau: f64) -> SweepPoint {
     }
 }
 
-/// τ from `min` to `max` in `step`s, both ends included.
-pub fn tau_grid(min: f64, max: f64, step: f64) -> Vec<f64> {
-    let steps = ((max - min) / step).round().max(0.0) as usize;
-    (0..=steps)
-        .map(|i| ((min + i as f64 * step) * 1e6).round() / 1e6)
-        .collect()
+/// Every distinct split of `pairs` by their statistic, as τ: below the smallest value (every
+/// answer with a statistic escalates), the midpoints between consecutive distinct values, and
+/// the largest value (none escalates on its statistic), ascending. These are the quantiles of
+/// the statistic, so no split is missed whatever its unit or scale (a fixed grid in steps of
+/// 0.05 nats cannot split answers that all lie within 0.19 nats).
+pub fn quantile_taus(pairs: &[RagLcPair]) -> Vec<f64> {
+    let mut values: Vec<f64> = pairs
+        .iter()
+        .filter_map(|p| p.statistic)
+        .filter(|s| s.is_finite())
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.dedup();
+    let (Some(&first), Some(&last)) = (values.first(), values.last()) else {
+        // No statistic: every answer escalates at any τ.
+        return vec![0.0];
+    };
+    let below = match values.get(1) {
+        Some(&second) => first - (second - first) / 2.0,
+        None => first - 0.5,
+    };
+    let mut taus = vec![below];
+    taus.extend(values.windows(2).map(|w| w[0] + (w[1] - w[0]) / 2.0));
+    taus.push(last);
+    taus
+}
+
+/// `curve` (any order) at escalation rates 0, 1/`steps`, …, 1: for each, the point escalating
+/// the most without exceeding it; duplicates dropped. For tables and plots of a long sweep.
+pub fn by_escalation_rate(curve: &[SweepPoint], steps: usize) -> Vec<SweepPoint> {
+    let mut out: Vec<SweepPoint> = Vec::new();
+    for j in 0..=steps {
+        let budget = j as f64 / steps.max(1) as f64 + 1e-12;
+        let best = curve
+            .iter()
+            .filter(|p| p.escalation_rate <= budget)
+            .max_by(|a, b| {
+                a.escalation_rate
+                    .total_cmp(&b.escalation_rate)
+                    .then(b.mean_tokens.total_cmp(&a.mean_tokens))
+            });
+        if let Some(p) = best {
+            if out.last() != Some(p) {
+                out.push(*p);
+            }
+        }
+    }
+    out
+}
+
+/// RouteLLM's performance gap recovered: how much of the way from RAG's accuracy to long
+/// context's a router's accuracy goes. `None` when the two tie (there is no gap). Where long
+/// context scores below RAG the gap is negative, and so is the PGR of a router that beats RAG.
+pub fn pgr(accuracy: f64, rag: f64, lc: f64) -> Option<f64> {
+    ((lc - rag).abs() > 1e-12).then(|| (accuracy - rag) / (lc - rag))
+}
+
+/// RouteLLM's average PGR, as the area under PGR against the escalation rate over the quantile
+/// sweep: from RAG alone (no escalation, PGR 0) through every split to escalating everything
+/// (PGR 1). Escalating at random gives 0.5; a perfect signal, which escalates the answers LC
+/// fixes first, gives 1 − f/2 where f is their share (0.75 when LC fixes half).
+pub fn apgr(pairs: &[RagLcPair]) -> Option<f64> {
+    if pairs.is_empty() {
+        return None;
+    }
+    let n = pairs.len() as f64;
+    let rag = pairs.iter().map(|p| p.rag_value).sum::<f64>() / n;
+    let lc = pairs.iter().map(|p| p.lc_value).sum::<f64>() / n;
+    pgr(lc, rag, lc)?;
+    let mut points: Vec<(f64, f64)> = quantile_taus(pairs)
+        .into_iter()
+        .chain([f64::NEG_INFINITY])
+        .map(|t| point(pairs, t))
+        .filter_map(|p| Some((p.escalation_rate, pgr(p.accuracy, rag, lc)?)))
+        .collect();
+    points.push((0.0, 0.0));
+    points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    Some(
+        points
+            .windows(2)
+            .map(|w| (w[1].0 - w[0].0) * (w[0].1 + w[1].1) / 2.0)
+            .sum(),
+    )
 }
 
 /// The area under the accuracy–tokens curve of every threshold, tokens scaled to [0, 1] from
@@ -199,9 +277,68 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_grid_includes_both_ends() {
-        let g = tau_grid(0.5, 2.5, 0.05);
-        assert_eq!(g.len(), 41);
-        assert_eq!((g[0], g[40]), (0.5, 2.5));
+    fn quantile_taus_give_every_split_of_close_statistics() {
+        // Statistics 0.01 nats apart (a grid in steps of 0.05 splits none of them), one tied.
+        let pairs: Vec<RagLcPair> = [0.11, 0.12, 0.12, 0.13, 0.15]
+            .iter()
+            .map(|&s| pair(Some(s), true, true))
+            .chain([pair(None, true, true)])
+            .collect();
+        let taus = quantile_taus(&pairs);
+        assert_eq!(taus.len(), 5, "{taus:?}");
+        let rates: Vec<f64> = taus
+            .iter()
+            .map(|&t| point(&pairs, t).escalation_rate * 6.0)
+            .collect();
+        // The answer without a statistic always escalates; with it, all five answers that
+        // have one, then 4 (the tie goes together), 2, 1 and none of them.
+        for (rate, want) in rates.iter().zip([6.0, 5.0, 3.0, 2.0, 1.0]) {
+            assert!((rate - want).abs() < 1e-9, "{rates:?}");
+        }
+        assert!(taus.windows(2).all(|w| w[0] < w[1]), "{taus:?}");
+        assert_eq!(quantile_taus(&[pair(None, true, true)]), vec![0.0]);
+    }
+
+    #[test]
+    fn the_sweep_thinned_by_escalation_rate_keeps_the_most_escalating_point_per_budget() {
+        let pairs: Vec<RagLcPair> = (0..10)
+            .map(|i| pair(Some(f64::from(i)), i < 5, true))
+            .collect();
+        let curve: Vec<SweepPoint> = quantile_taus(&pairs)
+            .into_iter()
+            .map(|t| point(&pairs, t))
+            .collect();
+        let thin = by_escalation_rate(&curve, 4);
+        let rates: Vec<f64> = thin.iter().map(|p| p.escalation_rate).collect();
+        // Budgets 0, 0.25, 0.5, 0.75, 1 with tenths available: 0, 0.2, 0.5, 0.7, 1.
+        assert_eq!(rates, vec![0.0, 0.2, 0.5, 0.7, 1.0]);
+    }
+
+    #[test]
+    fn pgr_and_apgr_of_perfect_random_and_reversed_signals() {
+        assert_eq!(pgr(0.75, 0.5, 1.0), Some(0.5));
+        assert_eq!(pgr(0.7, 0.6, 0.6), None);
+        // LC below RAG: a router that beats RAG recovers a negative share of the gap.
+        assert!(pgr(0.7, 0.6, 0.4).unwrap() < 0.0);
+        // Wrong RAG answers (LC right on all) have the high statistics: escalating them first
+        // recovers the whole gap by half the queries. PGR climbs 0 → 1 over [0, 0.5], then
+        // stays: 0.25 + 0.5.
+        let perfect: Vec<RagLcPair> = (0..10)
+            .map(|i| pair(Some(f64::from(i)), i < 5, true))
+            .collect();
+        assert!((apgr(&perfect).unwrap() - 0.75).abs() < 1e-9);
+        // Reversed: right answers go first, PGR flat at 0 until half, then 0 → 1: 0.25.
+        let reversed: Vec<RagLcPair> = (0..10)
+            .map(|i| pair(Some(f64::from(i)), i >= 5, true))
+            .collect();
+        assert!((apgr(&reversed).unwrap() - 0.25).abs() < 1e-9);
+        // A signal that cannot separate anything (one value) jumps from 0 to all: 0.5.
+        let flat: Vec<RagLcPair> = (0..10).map(|i| pair(Some(1.0), i < 5, true)).collect();
+        assert!((apgr(&flat).unwrap() - 0.5).abs() < 1e-9);
+        // No gap, no APGR.
+        let tie: Vec<RagLcPair> = (0..4)
+            .map(|i| pair(Some(f64::from(i)), true, true))
+            .collect();
+        assert_eq!(apgr(&tie), None);
     }
 }
