@@ -100,6 +100,9 @@ pub struct Report {
     pub split: String,
     /// Queries every system answered (the paired set all numbers are computed on).
     pub queries: usize,
+    /// Those queries over the corpora they were asked of: the questions that share one cached
+    /// corpus prefix.
+    pub questions_per_corpus: f64,
     pub systems: Vec<SystemSummary>,
     pub signals: Option<SignalReport>,
     /// The sweep over the quantiles of the RAG statistic, at every 5% of escalation.
@@ -376,10 +379,15 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
     let rag_lc_ratio =
         (has("rag") && has("lc")).then(|| mean(&column("rag", &tokens)) / mean(&lc_tok).max(1.0));
     let depth = depth_rows(&examples, &systems, &table);
+    let corpora: BTreeSet<&str> = examples
+        .iter()
+        .filter_map(|e| table[e].values().next().map(|r| r.group.as_str()))
+        .collect();
     Report {
         suite,
         split,
         queries: n,
+        questions_per_corpus: n as f64 / corpora.len().max(1) as f64,
         systems: summaries,
         signals: signal_report(&rag_rows, &lc_right),
         sweep: by_escalation_rate(&curve, 20),
@@ -429,10 +437,11 @@ fn opt(x: Option<f64>, digits: usize) -> String {
 /// `report.md`.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
-        "# triage eval: {} ({} split)\n\n{} queries answered by every system; intervals are 95% \
-         paired bootstrap ({RESAMPLES} resamples, seeded). Tokens are prompt (cached included) + \
-         completion over all stages; \"computed\" leaves out cached prompt tokens.\n\n",
-        r.suite, r.split, r.queries
+        "# triage eval: {} ({} split)\n\n{} queries answered by every system, {:.1} per \
+         corpus; intervals are 95% paired bootstrap ({RESAMPLES} resamples, seeded). Tokens \
+         are charged: every prompt token (cached included) + completion over all stages, as \
+         with one document per question; \"computed\" leaves out cached prompt tokens.\n\n",
+        r.suite, r.split, r.queries, r.questions_per_corpus
     );
     s.push_str(
         "| system | accuracy | EM | F1 | tokens | computed | cost | p50 ms | p95 ms | on LC | \
@@ -616,6 +625,8 @@ pub(crate) mod tests {
     fn metrics_of_a_known_run() {
         let report = build(&rows(), 1);
         assert_eq!(report.queries, 10);
+        // results::tests::row puts every query in one corpus.
+        assert_eq!(report.questions_per_corpus, 10.0);
         let get = |s: &str| report.systems.iter().find(|m| m.system == s).unwrap();
         let (rag, lc, edar, oracle) = (get("rag"), get("lc"), get("edar"), get("oracle"));
         assert!((rag.accuracy.value - 0.6).abs() < 1e-12);

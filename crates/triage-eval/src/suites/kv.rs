@@ -8,6 +8,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use triage_types::Document;
 
+use super::at_length::{spread_depths, AT_LENGTH_FROM, QUESTIONS_PER_CORPUS};
 use super::{Example, Group, SuiteName, SuiteParams, SPREAD_DEPTHS};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
@@ -33,18 +34,23 @@ pub(crate) fn uuid4(rng: &mut StdRng) -> String {
     )
 }
 
-fn object_text(pairs: &[(String, String)]) -> String {
+/// The object, one pair per line; at length (`at_length`) a blank line between pairs, still
+/// JSON, makes each pair a block of its own, so retrieval chunks end at record boundaries
+/// instead of inside a key or a value.
+fn object_text(pairs: &[(String, String)], at_length: bool) -> String {
     let lines: Vec<String> = pairs
         .iter()
         .map(|(k, v)| format!("  \"{k}\": \"{v}\""))
         .collect();
-    format!("{{\n{}\n}}", lines.join(",\n"))
+    let separator = if at_length { ",\n\n" } else { ",\n" };
+    format!("{{\n{}\n}}", lines.join(separator))
 }
 
 /// How many pairs fit `context_tokens`, measured on sample pairs with the model's tokenizer.
 fn pairs_that_fit(params: &SuiteParams<'_>, rng: &mut StdRng) -> usize {
     let sample: Vec<(String, String)> = (0..16).map(|_| (uuid4(rng), uuid4(rng))).collect();
-    let per_pair = (params.count_tokens)(&object_text(&sample)) as f64 / sample.len() as f64;
+    let text = object_text(&sample, params.context_tokens >= AT_LENGTH_FROM);
+    let per_pair = (params.count_tokens)(&text) as f64 / sample.len() as f64;
     ((params.context_tokens as f64 / per_pair.max(1.0)) as usize).max(2)
 }
 
@@ -52,18 +58,17 @@ fn question(key: &str) -> String {
     format!("What is the value of the key \"{key}\" in the JSON object?")
 }
 
-/// One object of `num_pairs` pairs with a question for the pair at each depth.
+/// One object of `num_pairs` pairs, named `id`, with a question for the pair at each depth.
 fn object_group(
-    suite: SuiteName,
-    index: usize,
+    id: String,
     num_pairs: usize,
     depths: &[f64],
     scorer: Scorer,
     kind: Option<String>,
+    at_length: bool,
     rng: &mut StdRng,
 ) -> Group {
     let pairs: Vec<(String, String)> = (0..num_pairs).map(|_| (uuid4(rng), uuid4(rng))).collect();
-    let id = format!("{}-{index}", suite.as_str());
     let mut used = std::collections::HashSet::new();
     let examples = depths
         .iter()
@@ -88,7 +93,7 @@ fn object_group(
         documents: vec![Document {
             id: id.clone(),
             title: "JSON object".into(),
-            text: object_text(&pairs),
+            text: object_text(&pairs, at_length),
         }],
         id,
         examples,
@@ -97,15 +102,22 @@ fn object_group(
 
 pub(super) fn kv_retrieval(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<Group>> {
     let num_pairs = pairs_that_fit(params, rng);
-    Ok((0..params.limit.div_ceil(SPREAD_DEPTHS.len()))
+    let at_length = params.context_tokens >= AT_LENGTH_FROM;
+    // At length, 30 keys asked per object, as the at-length QA corpora ask 30 questions.
+    let depths = if at_length {
+        spread_depths(QUESTIONS_PER_CORPUS)
+    } else {
+        SPREAD_DEPTHS.to_vec()
+    };
+    Ok((0..params.limit.div_ceil(depths.len()))
         .map(|g| {
             object_group(
-                SuiteName::KvRetrieval,
-                g,
+                format!("{}-{g}", SuiteName::KvRetrieval.as_str()),
                 num_pairs,
-                &SPREAD_DEPTHS,
+                &depths,
                 Scorer::WholeWord,
                 None,
+                at_length,
                 rng,
             )
         })
@@ -126,12 +138,12 @@ pub(super) fn kv_litm(params: &SuiteParams<'_>, rng: &mut StdRng) -> Result<Vec<
         .map(|o| {
             let size = sizes[o % sizes.len()];
             object_group(
-                SuiteName::KvLitm,
-                o,
+                format!("{}-{o}", SuiteName::KvLitm.as_str()),
                 size,
                 &LITM_DEPTHS,
                 Scorer::Substring,
                 Some(format!("pairs={size}")),
+                params.context_tokens >= AT_LENGTH_FROM,
                 rng,
             )
         })
@@ -214,5 +226,29 @@ mod tests {
             .all(|e| e.kind.as_deref() == Some("pairs=75")));
         assert_eq!(groups.iter().map(|g| g.examples.len()).sum::<usize>(), 10);
         assert!(build(SuiteName::KvLitm, &params(Split::Dev, 10, 300)).is_err());
+    }
+
+    #[test]
+    fn kv_retrieval_at_length_asks_thirty_keys_with_records_apart() {
+        let p = params(Split::Test, 45, 8_192);
+        let groups = build(SuiteName::KvRetrieval, &p).unwrap();
+        assert_eq!(
+            groups.iter().map(|g| g.examples.len()).collect::<Vec<_>>(),
+            [30, 15]
+        );
+        let text = &groups[0].documents[0].text;
+        let tokens = text.len().div_ceil(4);
+        assert!(tokens <= 8_192 && tokens > 7_500, "{tokens}");
+        // Still one JSON object, a blank line between records (retrieval's block boundary).
+        let object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(text).unwrap();
+        assert_eq!(text.matches(",\n\n").count(), object.len() - 1);
+        let depths: Vec<f64> = groups[0].examples.iter().filter_map(|e| e.depth).collect();
+        assert_eq!(depths.len(), 30);
+        assert!(depths.contains(&0.0) && depths.contains(&1.0));
+        // The 2k construction is unchanged: one record a line.
+        let short = build(SuiteName::KvRetrieval, &params(Split::Test, 10, 2_000)).unwrap();
+        assert!(!short[0].documents[0].text.contains(",\n\n"));
+        assert_eq!(short[0].examples.len(), 10);
     }
 }

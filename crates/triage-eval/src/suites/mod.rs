@@ -3,8 +3,10 @@
 //! asked over it — for a dev or a test split that never share an example. Groups never depend on
 //! `--limit`: a suite makes whole groups until it has enough questions and the limit then cuts
 //! the question list, so raising the limit of a run only appends questions, and every question
-//! already answered keeps its corpus.
+//! already answered keeps its corpus. From 8,192 context tokens on, the QA suites and
+//! kv-retrieval are built at length (`at_length`).
 
+mod at_length;
 mod hotpotqa;
 mod kv;
 mod needles;

@@ -1,9 +1,15 @@
 //! `squad-v2`: SQuAD v2 dev articles split by title hash; each group is a window of an article's
 //! consecutive paragraphs up to the context length, with its answerable and unanswerable questions.
 //! The first windows of all articles come first, then the second windows, and so on, so a larger
-//! limit only appends groups.
+//! limit only appends groups. From 8,192 tokens on, corpora are built at length (`at_length`):
+//! rounds over the split's articles in a seeded order, five paragraphs of each article a round,
+//! one of each paragraph's questions (at random, so about half are unanswerable, as in the data).
 
-use super::{split_of, Example, Group, SuiteParams};
+use rand::seq::IndexedRandom;
+use rand::seq::SliceRandom;
+
+use super::at_length::{self, Asked, AT_LENGTH_FROM};
+use super::{split_of, Example, Group, SuiteName, SuiteParams};
 use crate::datasets::{ArticleQa, QaExample};
 use crate::error::{EvalError, Result};
 use crate::scoring::Scorer;
@@ -12,7 +18,13 @@ use triage_types::Document;
 /// Questions asked over one window at most, spread over its paragraphs.
 const QUESTIONS_PER_WINDOW: usize = 12;
 
+/// Paragraphs of an article asked about in one round of the at-length construction.
+const PARAGRAPHS_PER_ROUND: usize = 5;
+
 pub(super) fn squad_v2(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
+    if params.context_tokens >= AT_LENGTH_FROM {
+        return squad_v2_at_length(params);
+    }
     let path = params.data_file("squad.json")?;
     let mut articles = Vec::new();
     for article in crate::datasets::squad_v2_articles(&path)? {
@@ -45,6 +57,56 @@ pub(super) fn squad_v2(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
         )));
     }
     Ok(groups)
+}
+
+fn squad_v2_at_length(params: &SuiteParams<'_>) -> Result<Vec<Group>> {
+    let path = params.data_file("squad.json")?;
+    let mut rng = params.rng(SuiteName::SquadV2);
+    let mut articles: Vec<ArticleQa> = crate::datasets::squad_v2_articles(&path)?
+        .into_iter()
+        .filter(|a| split_of(&a.title) == params.split)
+        .collect();
+    articles.shuffle(&mut rng);
+    let pool: Vec<Document> = articles
+        .iter()
+        .flat_map(|a| a.documents.iter().cloned())
+        .collect();
+    // Each article's paragraphs that have questions, with one of them picked.
+    let per_article: Vec<Vec<Asked>> = articles
+        .iter()
+        .map(|a| {
+            a.documents
+                .iter()
+                .filter_map(|d| {
+                    let questions: Vec<&QaExample> = a
+                        .examples
+                        .iter()
+                        .filter(|e| e.gold_docs == [d.id.clone()])
+                        .collect();
+                    let e = questions.choose(&mut rng)?;
+                    Some(Asked {
+                        example: example(e),
+                        gold: vec![d.clone()],
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let rounds = per_article
+        .iter()
+        .map(|a| a.len().div_ceil(PARAGRAPHS_PER_ROUND))
+        .max()
+        .unwrap_or(0);
+    let mut queues: Vec<std::vec::IntoIter<Asked>> =
+        per_article.into_iter().map(Vec::into_iter).collect();
+    let mut asked = Vec::new();
+    for _ in 0..rounds {
+        for queue in &mut queues {
+            asked.extend(queue.by_ref().take(PARAGRAPHS_PER_ROUND));
+        }
+    }
+    let prefix = format!("squad-v2-{}k", params.context_tokens / 1024);
+    at_length::corpora(&prefix, asked, &pool, params, &mut rng)
 }
 
 /// An article's paragraphs cut greedily into windows of at most the context length (a window
@@ -224,5 +286,52 @@ mod tests {
             assert_eq!(a.id, b.id);
             assert_eq!(a.documents, b.documents);
         }
+    }
+
+    #[test]
+    fn squad_v2_at_length_pads_gold_paragraphs_with_other_articles() {
+        let dir = tempfile::tempdir().unwrap();
+        write_squad(dir.path(), 30);
+        let build_split = |split, limit| {
+            let mut p = params(split, limit, 8_192);
+            p.data_dir = dir.path().to_path_buf();
+            build(SuiteName::SquadV2, &p).unwrap()
+        };
+        let dev = build_split(Split::Dev, 40);
+        let test = build_split(Split::Test, 40);
+        let ids = |gs: &[crate::suites::Group]| -> Vec<String> {
+            gs.iter()
+                .flat_map(|g| g.examples.iter().map(|e| e.id.clone()))
+                .collect()
+        };
+        let (d, t) = (ids(&dev), ids(&test));
+        assert_eq!((d.len(), t.len()), (40, 40));
+        assert!(d.iter().all(|id| !t.contains(id)));
+        assert!(dev[0].id.starts_with("squad-v2-8k-"), "{}", dev[0].id);
+        for g in &dev {
+            // 240 tokens a paragraph: 17 gold paragraphs fill half of 8,192 tokens.
+            let tokens: usize = g.documents.iter().map(|d| d.text.len().div_ceil(4)).sum();
+            assert!(tokens <= 8_192 && tokens > 8_192 - 240, "{tokens}");
+            let gold: Vec<&triage_types::Document> = g
+                .documents
+                .iter()
+                .filter(|d| g.examples.iter().any(|e| e.gold_docs.contains(&d.id)))
+                .collect();
+            assert_eq!(gold.len(), g.examples.len());
+            for doc in &g.documents {
+                let is_gold = gold.iter().any(|x| x.id == doc.id);
+                assert!(is_gold || gold.iter().all(|x| x.title != doc.title));
+            }
+        }
+        // One question of each paragraph, picked at random: both kinds occur.
+        let kinds: std::collections::HashSet<Option<String>> = dev
+            .iter()
+            .flat_map(|g| g.examples.iter().map(|e| e.kind.clone()))
+            .collect();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        // A larger limit appends corpora: the first ones stay as they were.
+        let more = build_split(Split::Dev, 60);
+        assert_eq!(more[0].documents, dev[0].documents);
+        assert_eq!(ids(&more)[..40], d[..]);
     }
 }
