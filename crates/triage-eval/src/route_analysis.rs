@@ -96,6 +96,7 @@ pub fn signal_row(answer: &RoutedAnswer) -> Option<Vec<f32>> {
         &monitor.signals,
         monitor.mean,
         features.as_ref(),
+        monitor.grounding.as_ref(),
     ))
 }
 
@@ -131,13 +132,20 @@ pub fn declines(rows: &[RouteRow]) -> (f64, Option<f64>) {
 
 /// Names of the first signals of `combined_inputs`. "self-route declined" is left out here:
 /// forced RAG runs without the decline prompt, so it is measured on the auto runs.
-const SIGNALS: [(usize, &str); 6] = [
+const SIGNALS: [(usize, &str); 13] = [
     (0, "mean entropy (first 30 tokens)"),
     (1, "answer-span mean entropy"),
     (2, "max entropy"),
     (3, "mean NLL"),
     (4, "negative top-2 margin"),
     (6, "monitor statistic (answer-span mean, first 30)"),
+    (13, "negative min token probability (answer span)"),
+    (14, "max entropy (answer span)"),
+    (15, "not verbatim in a retrieved chunk"),
+    (16, "rank of the chunk holding the answer"),
+    (17, "negative score of that chunk"),
+    (18, "negative margin of that chunk over the next"),
+    (19, "answer words not in the chunks"),
 ];
 
 /// Folds of the out-of-fold fit; rows go to fold `article % FOLDS`.

@@ -176,12 +176,12 @@ impl FromTokens for AnswerSignals {
         };
         let entropies: Vec<f32> = head.iter().map(|t| t.entropy).collect();
         let mut filter = AnswerSpanFilter::new(preambles);
-        let span: Vec<f32> = tokens
+        let span_tokens: Vec<&TokenOutput> = tokens
             .iter()
             .filter(|t| filter.is_answer(&t.text))
             .take(window)
-            .map(|t| t.entropy)
             .collect();
+        let span: Vec<f32> = span_tokens.iter().map(|t| t.entropy).collect();
         let nll: Vec<f32> = head.iter().map(|t| -t.logprob).collect();
         let margins: Vec<f32> = head
             .iter()
@@ -195,8 +195,23 @@ impl FromTokens for AnswerSignals {
             mean_nll: mean(&nll),
             mean_top2_margin: mean(&margins),
             declined,
+            min_token_prob: span_tokens
+                .iter()
+                .map(|t| t.logprob.exp())
+                .fold(f32::NAN, f32::min),
+            span_max_entropy: span.iter().copied().fold(f32::NAN, f32::max),
         }
     }
+}
+
+/// The text of the answer span: the generated text after its preamble.
+pub fn answer_span_text(tokens: &[TokenOutput], preambles: &[String]) -> String {
+    let mut filter = AnswerSpanFilter::new(preambles);
+    tokens
+        .iter()
+        .filter(|t| filter.is_answer(&t.text))
+        .map(|t| t.text.as_str())
+        .collect()
 }
 
 #[cfg(test)]
@@ -289,6 +304,22 @@ mod tests {
         assert!((signals.span_mean_entropy - 0.5).abs() < 1e-6);
         assert_eq!(signals.max_entropy, 5.0);
         assert!((signals.mean_top2_margin - 2.0).abs() < 1e-6);
+        // The span's own extremes leave the preamble out: " Paris" (logprob −0.25) and "."
+        // (−0.35), so the least likely token has probability e^−0.35 and the top entropy 0.7.
+        let preambles: Vec<String> = DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect();
+        let tokens = [
+            token("According", 5.0),
+            token(" to the context,", 5.0),
+            token(" Paris", 0.5),
+            token(".", 0.7),
+        ];
+        let signals = AnswerSignals::from_tokens(&tokens, &preambles, 30, false);
+        assert!((signals.min_token_prob - (-0.35f32).exp()).abs() < 1e-6);
+        assert!((signals.span_max_entropy - 0.7).abs() < 1e-6);
+        assert_eq!(answer_span_text(&tokens, &preambles), " Paris.");
+        // No answer token: nothing measured.
+        let none = AnswerSignals::from_tokens(&tokens[..2], &preambles, 30, false);
+        assert!(none.min_token_prob.is_nan() && none.span_max_entropy.is_nan());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Result, RouterError};
 use crate::linear::{freeze, thaw, LogisticModel};
 
 pub use triage_types::signals::{combined_inputs as inputs, COMBINED_INPUTS as INPUTS};
@@ -51,7 +51,43 @@ impl CombinedScore {
         freeze(&self.model, path)
     }
 
+    /// Refuses a model fitted on other inputs than this build computes (an older file, from
+    /// before the grounding features): its weights would be read against the wrong signals.
     pub fn load(path: &Path) -> Result<Self> {
-        Ok(Self { model: thaw(path)? })
+        let model: CombinedScoreModel = thaw(path)?;
+        if model.inputs != INPUTS {
+            return Err(RouterError::Invalid(format!(
+                "{} was fitted on the inputs [{}]; this build computes [{}]: refit it with \
+                 `triage bench route --save-combined`",
+                path.display(),
+                model.inputs.join(", "),
+                INPUTS.join(", ")
+            )));
+        }
+        Ok(Self { model })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_fitted_on_other_inputs_is_refused() {
+        let rows: Vec<Vec<f32>> = (0..20)
+            .map(|i| (0..INPUTS.len()).map(|j| (i * j % 7) as f32).collect())
+            .collect();
+        let wrong: Vec<bool> = (0..20).map(|i| i % 3 == 0).collect();
+        let fitted = CombinedScore::fit("m", &rows, &wrong, 0.5).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("combined.json");
+        fitted.save(&path).unwrap();
+        assert_eq!(CombinedScore::load(&path).unwrap().model, fitted.model);
+        let mut old = fitted.model.clone();
+        old.inputs.truncate(13);
+        let stale = CombinedScore { model: old };
+        stale.save(&path).unwrap();
+        let err = CombinedScore::load(&path).unwrap_err().to_string();
+        assert!(err.contains("refit"), "{err}");
     }
 }

@@ -11,6 +11,7 @@ pub mod decision;
 pub mod error;
 pub mod gain_policy;
 pub mod generator;
+pub mod grounding;
 pub mod linear;
 pub mod llm_reranker;
 pub mod long_context;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::entropy::{EntropyEstimator, EntropyUnit};
 use crate::float::{map_or_nan, or_nan, vec_or_nan};
 use crate::routing::{ModelRole, Prices, QueryClass, RoutePath};
-use crate::signals::{AnswerSignals, GainDecision, RetrievalFeatures};
+use crate::signals::{AnswerSignals, GainDecision, GroundingFeatures, RetrievalFeatures};
 
 /// The classifier's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,6 +103,9 @@ pub struct MonitorRecord {
     pub decided_at: Option<usize>,
     pub decision: MonitorVerdict,
     pub signals: AnswerSignals,
+    /// How the answer stands on its retrieved chunks (absent in records written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grounding: Option<GroundingFeatures>,
     /// P(wrong) from the combined score, when it decided (instead of τ).
     pub combined_p_wrong: Option<f64>,
     pub combined_threshold: Option<f64>,
@@ -331,7 +334,10 @@ mod tests {
                 mean_nll: 0.5,
                 mean_top2_margin: f32::NAN,
                 declined: false,
+                min_token_prob: f32::NAN,
+                span_max_entropy: f32::NAN,
             },
+            grounding: None,
             combined_p_wrong: None,
             combined_threshold: None,
             rag_answer: "Lyon".into(),
@@ -363,6 +369,27 @@ mod tests {
         assert_eq!(back.stages[4].stage, Stage::Lc);
         assert_eq!(back.stages[4].model, Some(ModelRole::LongContext));
         assert_eq!(back.estimated_costs["lc"], 2.5e-3);
+    }
+
+    #[test]
+    fn grounding_and_the_span_signals_are_written_when_measured_and_read_back() {
+        let mut record = full_record();
+        let monitor = record.monitor.as_mut().unwrap();
+        monitor.signals.min_token_prob = 0.25;
+        monitor.signals.span_max_entropy = 1.5;
+        monitor.grounding = Some(GroundingFeatures {
+            verbatim: 1.0,
+            chunk_rank: 2.0,
+            chunk_score: 0.75,
+            chunk_margin: f32::NAN,
+            unsupported_words: 0.0,
+        });
+        let json = serde_json::to_string(&record).unwrap();
+        assert!(json.contains(r#""min_token_prob":0.25,"span_max_entropy":1.5},"grounding":{"verbatim":1.0,"chunk_rank":2.0,"chunk_score":0.75,"chunk_margin":null,"unsupported_words":0.0}"#), "{json}");
+        let back: DecisionRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
+        let g = back.monitor.unwrap().grounding.unwrap();
+        assert!(g.chunk_margin.is_nan() && g.chunk_rank == 2.0);
     }
 
     #[test]

@@ -19,6 +19,17 @@ impl Float for f64 {
     const NAN: Self = f64::NAN;
 }
 
+/// NaN: the value of a field missing from a record written before the field existed.
+pub(crate) fn nan_f32() -> f32 {
+    f32::NAN
+}
+
+/// Whether a field is NaN, to leave it out of the JSON: a record without the newer signals
+/// writes what it wrote before they existed.
+pub(crate) fn is_nan_f32(x: &f32) -> bool {
+    x.is_nan()
+}
+
 /// A float, `null` as NaN.
 pub(crate) fn or_nan<'de, D, T>(d: D) -> Result<T, D::Error>
 where

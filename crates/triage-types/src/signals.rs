@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::float::or_nan;
+use crate::float::{is_nan_f32, nan_f32, or_nan};
 
 /// One query's features; a value that cannot be computed (too few hits) is NaN, for the
 /// policy's median imputation.
@@ -73,6 +73,44 @@ pub struct AnswerSignals {
     pub mean_top2_margin: f32,
     /// The model said the context is insufficient (Self-Route prompt).
     pub declined: bool,
+    /// The smallest probability of a generated token in the answer span (first `window`).
+    #[serde(
+        default = "nan_f32",
+        deserialize_with = "or_nan",
+        skip_serializing_if = "is_nan_f32"
+    )]
+    pub min_token_prob: f32,
+    /// The largest entropy in the answer span (first `window`).
+    #[serde(
+        default = "nan_f32",
+        deserialize_with = "or_nan",
+        skip_serializing_if = "is_nan_f32"
+    )]
+    pub span_max_entropy: f32,
+}
+
+/// How the RAG answer stands on the chunks it was given: grounding features, each a candidate
+/// predictor of a wrong answer (a model that copies a span of its context is rarely making it
+/// up). NaN where a value cannot be computed (no answer words, no chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct GroundingFeatures {
+    /// 1 when the answer span, normalised (lower case, punctuation and spaces folded), is a run
+    /// of whole words of a retrieved chunk; else 0.
+    #[serde(deserialize_with = "or_nan")]
+    pub verbatim: f32,
+    /// Rank (from 1, in prompt order) of the first chunk holding it verbatim; chunks + 1 when
+    /// none does.
+    #[serde(deserialize_with = "or_nan")]
+    pub chunk_rank: f32,
+    /// That chunk's retrieval score (NaN when none holds it).
+    #[serde(deserialize_with = "or_nan")]
+    pub chunk_score: f32,
+    /// Its score minus the next chunk's (NaN when none holds it or it is the last).
+    #[serde(deserialize_with = "or_nan")]
+    pub chunk_margin: f32,
+    /// Share of the answer's words found nowhere in the retrieved chunks.
+    #[serde(deserialize_with = "or_nan")]
+    pub unsupported_words: f32,
 }
 
 impl AnswerSignals {
@@ -88,8 +126,9 @@ impl AnswerSignals {
     }
 }
 
-/// The combined escalation score's inputs, in order.
-pub const COMBINED_INPUTS: [&str; 13] = [
+/// The combined escalation score's inputs, in order; each oriented so that larger means more
+/// likely wrong where the sign is known.
+pub const COMBINED_INPUTS: [&str; 20] = [
     "mean_entropy",
     "span_mean_entropy",
     "max_entropy",
@@ -103,6 +142,13 @@ pub const COMBINED_INPUTS: [&str; 13] = [
     "dense_rerank_overlap",
     "rerank_top1_dense_rank",
     "structural_fraction",
+    "neg_min_token_prob",
+    "span_max_entropy",
+    "not_verbatim",
+    "grounding_chunk_rank",
+    "neg_grounding_chunk_score",
+    "neg_grounding_margin",
+    "unsupported_words",
 ];
 
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
@@ -111,6 +157,7 @@ pub fn combined_inputs(
     signals: &AnswerSignals,
     monitor_mean: Option<f32>,
     features: Option<&RetrievalFeatures>,
+    grounding: Option<&GroundingFeatures>,
 ) -> Vec<f32> {
     let mut row = vec![
         signals.mean_entropy,
@@ -122,5 +169,20 @@ pub fn combined_inputs(
         monitor_mean.unwrap_or(f32::NAN),
     ];
     row.extend(features.map_or([f32::NAN; 6], RetrievalFeatures::to_array));
+    row.extend([-signals.min_token_prob, signals.span_max_entropy]);
+    let g = grounding.copied().unwrap_or(GroundingFeatures {
+        verbatim: f32::NAN,
+        chunk_rank: f32::NAN,
+        chunk_score: f32::NAN,
+        chunk_margin: f32::NAN,
+        unsupported_words: f32::NAN,
+    });
+    row.extend([
+        1.0 - g.verbatim,
+        g.chunk_rank,
+        -g.chunk_score,
+        -g.chunk_margin,
+        g.unsupported_words,
+    ]);
     row
 }

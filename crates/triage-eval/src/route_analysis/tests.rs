@@ -11,6 +11,8 @@ fn signals(mean_entropy: f32, declined: bool) -> AnswerSignals {
         mean_nll: 0.5,
         mean_top2_margin: 1.0,
         declined,
+        min_token_prob: 0.5,
+        span_max_entropy: 2.0,
     }
 }
 
@@ -31,6 +33,14 @@ fn answer(text: &str, path: RoutePath, monitored: Option<AnswerSignals>) -> Rout
         decided_at: Some(1),
         decision: MonitorVerdict::Accept,
         signals,
+        // Grounded when calm, as a copying answer tends to be.
+        grounding: Some(triage_types::GroundingFeatures {
+            verbatim: f32::from(u8::from(signals.mean_entropy < 1.0)),
+            chunk_rank: 1.0,
+            chunk_score: 0.5,
+            chunk_margin: 0.1,
+            unsupported_words: 0.0,
+        }),
         combined_p_wrong: None,
         combined_threshold: None,
         rag_answer: String::new(),
@@ -107,6 +117,10 @@ fn a_separating_signal_scores_one_and_declines_are_counted() {
     let combined = by_name("combined").expect("every fold has both labels");
     assert!(combined > 0.9, "{combined}");
     assert_eq!(by_name("self-route declined"), Some(1.0));
+    // The grounding features are in the table: "not verbatim" separates (the wrong answers
+    // are the unsure ones, which the rows leave ungrounded), the constant chunk rank cannot.
+    assert_eq!(by_name("not verbatim"), Some(1.0));
+    assert_eq!(by_name("rank of the chunk"), Some(0.5));
     let (rate, precision) = declines(&rows);
     assert!((rate - 7.0 / 20.0).abs() < 1e-12);
     assert_eq!(precision, Some(1.0));

@@ -12,11 +12,15 @@ use super::escalation::{decide, CombinedVerdict, EscalationSignals, Fallback, Ve
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
-use crate::answer_span::{AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor};
+use crate::answer_span::{
+    answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
+};
 use crate::combined_score;
 use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
+use crate::grounding::grounding;
+use triage_types::GroundingFeatures;
 
 /// What the RAG stage produced.
 pub(super) struct RagOutcome {
@@ -29,6 +33,7 @@ pub(super) struct RagOutcome {
 struct Judged {
     verdict: Verdict,
     signals: AnswerSignals,
+    grounding: GroundingFeatures,
     combined: Option<CombinedVerdict>,
 }
 
@@ -61,7 +66,9 @@ impl Run<'_, '_> {
         let stop_on_escalate = self.config().monitor.stop_on_escalate;
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
         let (generated, hold) = self.generate_held(request, &mut span, hold)?;
-        let judged = self.judge(&generated, &mut span, tau, self_route, path, fallback)?;
+        let judged = self.judge(
+            &generated, &hits, &mut span, tau, self_route, path, fallback,
+        )?;
         if judged.verdict.path == path {
             hold.finish(&generated.text, &mut *self.events);
             self.record.path = path;
@@ -155,9 +162,11 @@ impl Run<'_, '_> {
     }
 
     /// The finished answer's signals and the escalation decision on them.
+    #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,
         generated: &Generated,
+        hits: &[Hit],
         span: &mut SpanMonitor,
         tau: f32,
         self_route: bool,
@@ -173,10 +182,23 @@ impl Run<'_, '_> {
             settings.window,
             declined,
         );
+        let chunks: Vec<(&str, f32)> = hits
+            .iter()
+            .map(|h| (h.chunk.text.as_str(), h.score))
+            .collect();
+        let grounding = grounding(
+            &answer_span_text(&generated.tokens, &settings.preambles),
+            &chunks,
+        );
         let features = self.record.retrieval.as_ref().and_then(|r| r.features);
         let combined = match &self.pipeline.combined {
             Some(c) => {
-                let row = combined_score::inputs(&signals, span.span_mean(), features.as_ref());
+                let row = combined_score::inputs(
+                    &signals,
+                    span.span_mean(),
+                    features.as_ref(),
+                    Some(&grounding),
+                );
                 Some(CombinedVerdict {
                     p_wrong: c.p_wrong(&row)?,
                     threshold: c.model.threshold,
@@ -200,6 +222,7 @@ impl Run<'_, '_> {
         Ok(Judged {
             verdict,
             signals,
+            grounding,
             combined,
         })
     }
@@ -242,6 +265,7 @@ impl Run<'_, '_> {
                 MonitorVerdict::Escalate
             },
             signals: judged.signals,
+            grounding: Some(judged.grounding),
             combined_p_wrong: judged.combined.map(|c| c.p_wrong),
             combined_threshold: judged.combined.map(|c| c.threshold),
             rag_answer: generated.text.trim().to_string(),
