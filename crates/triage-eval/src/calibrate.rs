@@ -388,6 +388,7 @@ mod tests {
                 declined: false,
                 min_token_prob: nan,
                 span_max_entropy: nan,
+                sample_agreement: nan,
             },
             grounding: None,
             combined_p_wrong: None,

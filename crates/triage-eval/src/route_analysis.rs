@@ -132,7 +132,7 @@ pub fn declines(rows: &[RouteRow]) -> (f64, Option<f64>) {
 
 /// Names of the first signals of `combined_inputs`. "self-route declined" is left out here:
 /// forced RAG runs without the decline prompt, so it is measured on the auto runs.
-const SIGNALS: [(usize, &str); 13] = [
+const SIGNALS: [(usize, &str); 14] = [
     (0, "mean entropy (first 30 tokens)"),
     (1, "answer-span mean entropy"),
     (2, "max entropy"),
@@ -146,6 +146,7 @@ const SIGNALS: [(usize, &str); 13] = [
     (17, "negative score of that chunk"),
     (18, "negative margin of that chunk over the next"),
     (19, "answer words not in the chunks"),
+    (20, "sample disagreement (word F1 against the answer)"),
 ];
 
 /// Folds of the out-of-fold fit; rows go to fold `article % FOLDS`.

@@ -200,6 +200,8 @@ impl FromTokens for AnswerSignals {
                 .map(|t| t.logprob.exp())
                 .fold(f32::NAN, f32::min),
             span_max_entropy: span.iter().copied().fold(f32::NAN, f32::max),
+            // Drawn by the caller, which knows the prompt.
+            sample_agreement: f32::NAN,
         }
     }
 }

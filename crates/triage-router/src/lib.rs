@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod pseudo_passage;
 pub mod retriever;
 pub mod routing_config;
+pub mod sample_agreement;
 
 pub use error::{Result, RouterError};
 pub use generator::{Generated, Generator, ModelRole, PinnedPrefix, RoleEngines};

@@ -124,6 +124,12 @@ pub struct MonitorSettings {
     /// Where τ came from, when `triage calibrate` chose it: τ only holds for the model,
     /// estimator, unit and window it was calibrated with.
     pub calibration: Option<Calibration>,
+    /// Short samples drawn from the RAG prompt (cached) after the greedy answer, whose
+    /// agreement with it is a signal; 0 draws none. Their tokens are charged to the route.
+    pub samples: usize,
+    /// Tokens per sample.
+    pub sample_tokens: usize,
+    pub sample_temperature: f32,
 }
 
 impl Default for MonitorSettings {
@@ -138,6 +144,9 @@ impl Default for MonitorSettings {
             stop_on_escalate: true,
             combined_score: None,
             calibration: None,
+            samples: 0,
+            sample_tokens: 16,
+            sample_temperature: 0.7,
         }
     }
 }

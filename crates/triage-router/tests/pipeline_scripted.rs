@@ -58,6 +58,8 @@ struct Scripted {
     gate: Vec<(&'static str, f32)>,
     rag: Vec<(&'static str, f32)>,
     lc: Vec<(&'static str, f32)>,
+    /// What a sampled (temperature > 0) RAG request says; empty: the same as `rag`.
+    sampled: Vec<(&'static str, f32)>,
     /// (kind, tokens produced, max_tokens) of every request.
     calls: Vec<(Call, usize)>,
     rag_prompts: Vec<String>,
@@ -76,6 +78,7 @@ impl Scripted {
                 (" capital", 0.1),
             ],
             lc: vec![("Paris", 0.05)],
+            sampled: Vec::new(),
             calls: Vec::new(),
             rag_prompts: Vec::new(),
             lc_prompts: Vec::new(),
@@ -106,7 +109,9 @@ impl Generator for Scripted {
                 Prompt::Tokens(t) => self.lc_prompts.push(t.clone()),
                 _ => {}
             }
+            let sampled = request.params.temperature > 0.0 && !self.sampled.is_empty();
             let script = match call {
+                Call::Rag if sampled => &self.sampled,
                 Call::Gate => &self.gate,
                 Call::Rag => &self.rag,
                 Call::Lc => &self.lc,
@@ -316,6 +321,57 @@ fn a_sure_rag_answer_is_kept_and_streamed_after_the_route() {
     );
     assert!(out.answer.usage.total_tokens > 0);
     assert!(out.answer.decision.cost > 0.0);
+}
+
+#[test]
+fn a_rag_answer_records_its_grounding_and_the_agreement_of_its_samples() {
+    let f = fixture();
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    // "Paris is the capital" is a run of words of the best chunk.
+    let monitor = out.answer.decision.monitor.clone().unwrap();
+    let grounding = monitor.grounding.unwrap();
+    assert_eq!((grounding.verbatim, grounding.chunk_rank), (1.0, 1.0));
+    assert_eq!(grounding.unsupported_words, 0.0);
+    // No samples unless configured: one RAG call, no samples stage.
+    assert!(monitor.signals.sample_agreement.is_nan());
+    assert_eq!(g.count(Call::Rag), 1);
+    let mut c = config();
+    c.monitor.samples = 3;
+    let mut g = Scripted::new(f.model.clone());
+    g.sampled = vec![("Lyon", 1.0), (" is", 1.0)];
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    // The greedy answer and three samples from the same prompt, charged as their own stage.
+    assert_eq!(g.count(Call::Rag), 4);
+    let samples = out
+        .answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage == Stage::Samples)
+        .unwrap();
+    assert_eq!(samples.completion_tokens, 6);
+    // "lyon is" against "paris is the capital": one word of two, one of four, F1 1/3.
+    let signals = out.answer.decision.monitor.unwrap().signals;
+    assert!(
+        (signals.sample_agreement - 1.0 / 3.0).abs() < 1e-6,
+        "{signals:?}"
+    );
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
 }
 
 #[test]

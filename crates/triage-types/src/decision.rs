@@ -123,6 +123,8 @@ pub enum Stage {
     Policy,
     Retrieve,
     Rag,
+    /// Short samples of the RAG answer, for their agreement with it.
+    Samples,
     Lc,
 }
 
@@ -134,6 +136,7 @@ impl Stage {
             Self::Policy => "policy",
             Self::Retrieve => "retrieve",
             Self::Rag => "rag",
+            Self::Samples => "samples",
             Self::Lc => "lc",
         }
     }
@@ -336,6 +339,7 @@ mod tests {
                 declined: false,
                 min_token_prob: f32::NAN,
                 span_max_entropy: f32::NAN,
+                sample_agreement: f32::NAN,
             },
             grounding: None,
             combined_p_wrong: None,
@@ -395,7 +399,7 @@ mod tests {
     #[test]
     fn names_are_what_serde_writes() {
         use Stage::*;
-        for stage in [Classify, Gate, Policy, Retrieve, Rag, Lc] {
+        for stage in [Classify, Gate, Policy, Retrieve, Rag, Samples, Lc] {
             let json = serde_json::to_string(&stage).unwrap();
             assert_eq!(json, format!("\"{}\"", stage.as_str()));
         }

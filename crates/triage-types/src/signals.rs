@@ -87,6 +87,14 @@ pub struct AnswerSignals {
         skip_serializing_if = "is_nan_f32"
     )]
     pub span_max_entropy: f32,
+    /// Mean word F1 of short samples of the answer against the greedy answer (NaN when no
+    /// samples were drawn).
+    #[serde(
+        default = "nan_f32",
+        deserialize_with = "or_nan",
+        skip_serializing_if = "is_nan_f32"
+    )]
+    pub sample_agreement: f32,
 }
 
 /// How the RAG answer stands on the chunks it was given: grounding features, each a candidate
@@ -128,7 +136,7 @@ impl AnswerSignals {
 
 /// The combined escalation score's inputs, in order; each oriented so that larger means more
 /// likely wrong where the sign is known.
-pub const COMBINED_INPUTS: [&str; 20] = [
+pub const COMBINED_INPUTS: [&str; 21] = [
     "mean_entropy",
     "span_mean_entropy",
     "max_entropy",
@@ -149,6 +157,7 @@ pub const COMBINED_INPUTS: [&str; 20] = [
     "neg_grounding_chunk_score",
     "neg_grounding_margin",
     "unsupported_words",
+    "sample_disagreement",
 ];
 
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
@@ -183,6 +192,7 @@ pub fn combined_inputs(
         -g.chunk_score,
         -g.chunk_margin,
         g.unsupported_words,
+        1.0 - signals.sample_agreement,
     ]);
     row
 }

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use triage_engine::entropy_monitor::EntropyMonitor;
-use triage_engine::generate::{GenerateRequest, Prompt};
+use triage_engine::generate::{FinishReason, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Hit;
 
@@ -20,6 +20,7 @@ use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
 use crate::grounding::grounding;
+use crate::sample_agreement::{agreement, Sample};
 use triage_types::GroundingFeatures;
 
 /// What the RAG stage produced.
@@ -65,9 +66,10 @@ impl Run<'_, '_> {
         };
         let stop_on_escalate = self.config().monitor.stop_on_escalate;
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
-        let (generated, hold) = self.generate_held(request, &mut span, hold)?;
+        let (generated, hold) = self.generate_held(request.clone(), &mut span, hold)?;
+        let agreement = self.sample_agreement(&request, &generated)?;
         let judged = self.judge(
-            &generated, &hits, &mut span, tau, self_route, path, fallback,
+            &generated, &hits, agreement, &mut span, tau, self_route, path, fallback,
         )?;
         if judged.verdict.path == path {
             hold.finish(&generated.text, &mut *self.events);
@@ -161,12 +163,60 @@ impl Run<'_, '_> {
         }
     }
 
+    /// Draws the configured short samples from `request`'s prompt (cached by the greedy answer
+    /// just generated), records their tokens as a stage, and returns their agreement with the
+    /// greedy answer span; NaN when none are configured.
+    fn sample_agreement(&mut self, request: &GenerateRequest, greedy: &Generated) -> Result<f32> {
+        let settings = &self.config().monitor;
+        if settings.samples == 0 {
+            return Ok(f32::NAN);
+        }
+        let started = Instant::now();
+        let preambles = settings.preambles.clone();
+        let requests: Vec<GenerateRequest> = (0..settings.samples)
+            .map(|i| {
+                let mut r = request.clone();
+                r.params.temperature = settings.sample_temperature;
+                r.params.max_tokens = Some(settings.sample_tokens);
+                r.params.seed = Some(i as u64);
+                r
+            })
+            .collect();
+        let drawn = self
+            .generator
+            .generate(ModelRole::Base, &requests, &mut |_, _, _| true)?;
+        let usage = drawn.iter().fold((0, 0, 0), |acc, g| {
+            let (p, c, n) = usage_of(g);
+            (acc.0 + p, acc.1 + c, acc.2 + n)
+        });
+        let prices = self.config().prices;
+        self.record.add_stage(
+            Stage::Samples,
+            Some(ModelRole::Base),
+            usage,
+            ms(started),
+            &prices,
+        );
+        let samples: Vec<Sample> = drawn
+            .iter()
+            .map(|g| Sample {
+                span: answer_span_text(&g.tokens, &preambles),
+                truncated: g.finish_reason == FinishReason::Length,
+            })
+            .collect();
+        Ok(agreement(
+            &answer_span_text(&greedy.tokens, &preambles),
+            &samples,
+        ))
+    }
+
     /// The finished answer's signals and the escalation decision on them.
     #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,
         generated: &Generated,
         hits: &[Hit],
+        sample_agreement: f32,
         span: &mut SpanMonitor,
         tau: f32,
         self_route: bool,
@@ -176,12 +226,15 @@ impl Run<'_, '_> {
         let settings = &self.config().monitor;
         let monitor = span.finish();
         let declined = self_route && declines(&generated.text);
-        let signals = AnswerSignals::from_tokens(
-            &generated.tokens,
-            &settings.preambles,
-            settings.window,
-            declined,
-        );
+        let signals = AnswerSignals {
+            sample_agreement,
+            ..AnswerSignals::from_tokens(
+                &generated.tokens,
+                &settings.preambles,
+                settings.window,
+                declined,
+            )
+        };
         let chunks: Vec<(&str, f32)> = hits
             .iter()
             .map(|h| (h.chunk.text.as_str(), h.score))
