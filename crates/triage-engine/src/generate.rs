@@ -75,6 +75,10 @@ pub struct TokenOutput {
     /// Raw logprobs of the request's `score_token_ids`, in that order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub scored_logprobs: Vec<(u32, f32)>,
+    /// The residual-stream state of each of the request's `hidden_layers`, for its first
+    /// `hidden_steps` tokens (the first token's is the last prompt token's state).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<Vec<f32>>,
 }
 
 /// Raw logprobs of `ids` in one row of logits whose log-sum-exp is `lse`; ids outside the
@@ -190,6 +194,7 @@ pub fn generate(
 ) -> Result<GenerationOutput> {
     let params = &request.params;
     params.validate()?;
+    check_hidden_layers(model, params)?;
     let settings = request.entropy;
     let prompt_ids = tokenize_prompt(model, &request.prompt)?;
     let context_length = model.context_length();
@@ -212,7 +217,12 @@ pub fn generate(
     let mut decoder = model.tokenizer.stream_decoder(true);
 
     let start = Instant::now();
-    let mut logits = prefill(transformer, &prompt_ids, &mut cache)?;
+    let (mut logits, mut hidden) = prefill(
+        transformer,
+        &prompt_ids,
+        hidden_layers(params, 0),
+        &mut cache,
+    )?;
     let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
     let decode_start = Instant::now();
 
@@ -261,6 +271,7 @@ pub fn generate(
             scored_logprobs: row.as_deref().map_or_else(Vec::new, |row| {
                 scored_logprobs(row, stats.log_sum_exp, &params.score_token_ids)
             }),
+            hidden: hidden_rows(&hidden, 0)?,
         };
         let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
         let out = stop.push(&piece);
@@ -289,7 +300,9 @@ pub fn generate(
             break;
         }
         let pos = (prompt_ids.len() + tokens.len() - 1) as u32;
-        logits = transformer.forward(&[id], &[pos], &[0], &mut cache)?;
+        let layers = hidden_layers(params, tokens.len());
+        (logits, hidden) =
+            transformer.forward_with_hidden(&[id], &[pos], &[0], layers, &mut cache)?;
     }
     if !stop.is_stopped() {
         let mut tail = String::new();
@@ -368,19 +381,61 @@ pub fn resolve_max_tokens(
 pub const PREFILL_CHUNK: usize = 512;
 
 /// Runs `prompt_ids` into `cache` in chunks of [`PREFILL_CHUNK`]; returns the last token's
-/// logits.
+/// logits and its state at `hidden_layers`.
 fn prefill(
     transformer: &triage_models::transformer::Transformer,
     prompt_ids: &[u32],
+    hidden_layers: &[usize],
     cache: &mut ContiguousKvCache,
-) -> Result<Tensor> {
-    let mut logits = None;
+) -> Result<(Tensor, Vec<Tensor>)> {
+    let mut out = None;
+    let num_chunks = prompt_ids.len().div_ceil(PREFILL_CHUNK);
     for (i, chunk) in prompt_ids.chunks(PREFILL_CHUNK).enumerate() {
         let first = (i * PREFILL_CHUNK) as u32;
         let positions: Vec<u32> = (first..first + chunk.len() as u32).collect();
-        logits = Some(transformer.forward(chunk, &positions, &[chunk.len() - 1], cache)?);
+        let layers = if i + 1 == num_chunks {
+            hidden_layers
+        } else {
+            &[]
+        };
+        out = Some(transformer.forward_with_hidden(
+            chunk,
+            &positions,
+            &[chunk.len() - 1],
+            layers,
+            cache,
+        )?);
     }
-    logits.ok_or_else(|| EngineError::Invalid("the prompt is empty".into()))
+    out.ok_or_else(|| EngineError::Invalid("the prompt is empty".into()))
+}
+
+/// The layers whose state the request's token number `generated` (from 0) returns.
+pub(crate) fn hidden_layers(params: &SamplingParams, generated: usize) -> &[usize] {
+    if generated < params.hidden_steps {
+        &params.hidden_layers
+    } else {
+        &[]
+    }
+}
+
+/// Row `row` of each hidden-state tensor, as plain vectors.
+pub(crate) fn hidden_rows(hidden: &[Tensor], row: usize) -> Result<Vec<Vec<f32>>> {
+    hidden
+        .iter()
+        .map(|h| Ok(h.get(row)?.to_vec1::<f32>()?))
+        .collect()
+}
+
+/// Refuses hidden-state layers the model does not have, before anything runs.
+pub(crate) fn check_hidden_layers(model: &Model, params: &SamplingParams) -> Result<()> {
+    let layers = model.transformer.config().num_layers;
+    match params.hidden_layers.iter().find(|&&l| l >= layers) {
+        Some(bad) => Err(EngineError::InvalidSampling {
+            param: "hidden_layers",
+            message: format!("layer {bad} of a model with {layers} layers"),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {

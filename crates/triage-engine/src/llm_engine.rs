@@ -106,9 +106,44 @@ struct SeqState {
     ignore_eos: bool,
     stop_token_ids: Vec<u32>,
     score_token_ids: Vec<u32>,
+    hidden_layers: Vec<usize>,
+    hidden_steps: usize,
     prompt_tokens: usize,
     completion_tokens: usize,
     tx: Box<dyn EventSink>,
+}
+
+impl SeqState {
+    /// The layers whose state this step's token returns.
+    fn hidden_now(&self) -> &[usize] {
+        if self.completion_tokens < self.hidden_steps {
+            &self.hidden_layers
+        } else {
+            &[]
+        }
+    }
+}
+
+/// The hidden states of one step: the union of the layers its rows asked for, one tensor
+/// (`[rows, hidden]`) per layer.
+struct HiddenStep {
+    layers: Vec<usize>,
+    hidden: Vec<Tensor>,
+}
+
+impl HiddenStep {
+    /// Row `row`'s state at each of `wanted` (a subset of `layers`), in `wanted`'s order.
+    fn row(&self, wanted: &[usize], row: usize) -> Result<Vec<Vec<f32>>> {
+        wanted
+            .iter()
+            .map(|l| {
+                let at = self.layers.iter().position(|x| x == l).ok_or_else(|| {
+                    EngineError::Invalid(format!("layer {l} was not in this step's pass"))
+                })?;
+                Ok(self.hidden[at].get(row)?.to_vec1::<f32>()?)
+            })
+            .collect()
+    }
 }
 
 /// A continuous-batching engine for one model.
@@ -202,6 +237,7 @@ impl LlmEngine {
     ) -> Result<RequestId> {
         let params = &request.params;
         params.validate()?;
+        crate::generate::check_hidden_layers(&self.model, params)?;
         let prompt = tokenize_prompt(&self.model, &request.prompt)?;
         let vocab = self.model.transformer.config().vocab_size;
         if let Some(bad) = params
@@ -238,6 +274,8 @@ impl LlmEngine {
             ignore_eos: params.ignore_eos,
             stop_token_ids: params.stop_token_ids.clone(),
             score_token_ids: params.score_token_ids.clone(),
+            hidden_layers: params.hidden_layers.clone(),
+            hidden_steps: params.hidden_steps,
             prompt_tokens: prompt.len(),
             completion_tokens: 0,
             tx: sink,
@@ -342,14 +380,26 @@ impl LlmEngine {
         } else {
             rows
         };
-        let logits = self
-            .model
-            .transformer
-            .forward(&ids, &positions, &logit_rows, &mut backend)?;
+        // One pass serves every row: the union of the layers this step's samplers want.
+        let mut layers: Vec<usize> = samplers
+            .iter()
+            .filter_map(|id| self.states.get(id))
+            .flat_map(|s| s.hidden_now().iter().copied())
+            .collect();
+        layers.sort_unstable();
+        layers.dedup();
+        let (logits, hidden) = self.model.transformer.forward_with_hidden(
+            &ids,
+            &positions,
+            &logit_rows,
+            &layers,
+            &mut backend,
+        )?;
+        let hidden = HiddenStep { layers, hidden };
         let sampled = if samplers.is_empty() {
             Vec::new()
         } else {
-            self.sample_all(&logits, &samplers)?
+            self.sample_all(&logits, &hidden, &samplers)?
         };
         let finished = self.scheduler.update(&plan, &sampled);
         for (req, reason) in finished {
@@ -366,7 +416,12 @@ impl LlmEngine {
     /// Sample every row, stream tokens, and end requests that hit a stop string or EOS. A row
     /// that cannot be sampled (non-finite logits after its penalties) ends its own request with
     /// [`FinishReason::Error`]; the other rows go on.
-    fn sample_all(&mut self, logits: &Tensor, ids: &[RequestId]) -> Result<Vec<(RequestId, u32)>> {
+    fn sample_all(
+        &mut self,
+        logits: &Tensor,
+        hidden: &HiddenStep,
+        ids: &[RequestId],
+    ) -> Result<Vec<(RequestId, u32)>> {
         let k = ids
             .iter()
             .filter_map(|id| self.states.get(id))
@@ -380,7 +435,7 @@ impl LlmEngine {
         let mut sampled = Vec::with_capacity(ids.len());
         let mut stopped = Vec::new();
         for (row, (&id, stat)) in ids.iter().zip(&stats).enumerate() {
-            match self.sample_row(logits, row, id, stat) {
+            match self.sample_row(logits, hidden, row, id, stat) {
                 Ok(RowOutcome::Token(token)) => sampled.push((id, token)),
                 Ok(RowOutcome::Finished(reason)) => stopped.push((id, reason)),
                 Ok(RowOutcome::Gone) => {}
@@ -399,6 +454,7 @@ impl LlmEngine {
     fn sample_row(
         &mut self,
         logits: &Tensor,
+        hidden: &HiddenStep,
         row: usize,
         id: RequestId,
         stat: &LogitsStats,
@@ -425,6 +481,7 @@ impl LlmEngine {
                 .copied()
                 .collect(),
             scored_logprobs: choice.scored_logprobs,
+            hidden: hidden.row(state.hidden_now(), row)?,
         };
         let piece = state
             .decoder

@@ -68,6 +68,11 @@ pub struct SamplingParams {
     /// Token ids whose raw logprob every generated token also reports, whether or not they are
     /// among the most likely (scoring: an LLM reranker reads "yes" against "no").
     pub score_token_ids: Vec<u32>,
+    /// Layers (0-based) whose residual-stream state each of the first `hidden_steps` generated
+    /// tokens returns, from the same forward pass: the first token's is the last prompt token's
+    /// state, the next ones those of the tokens generated so far (a probe's input).
+    pub hidden_layers: Vec<usize>,
+    pub hidden_steps: usize,
 }
 
 impl Default for SamplingParams {
@@ -88,9 +93,16 @@ impl Default for SamplingParams {
             top_logprobs: 0,
             ignore_eos: false,
             score_token_ids: Vec::new(),
+            hidden_layers: Vec::new(),
+            hidden_steps: 0,
         }
     }
 }
+
+/// Most layers a request may ask hidden states of.
+pub const MAX_HIDDEN_LAYERS: usize = 8;
+/// Most generated tokens that may return hidden states.
+pub const MAX_HIDDEN_STEPS: usize = 32;
 
 /// Most token ids a request may ask logprobs of besides the sampled one.
 pub const MAX_SCORE_TOKENS: usize = 64;
@@ -200,6 +212,15 @@ impl SamplingParams {
                 self.score_token_ids.len()
             );
             return Err(invalid("score_token_ids", message));
+        }
+        if self.hidden_layers.len() > MAX_HIDDEN_LAYERS || self.hidden_steps > MAX_HIDDEN_STEPS {
+            let message = format!(
+                "at most {MAX_HIDDEN_LAYERS} layers for at most {MAX_HIDDEN_STEPS} tokens, got {} \
+                 for {}",
+                self.hidden_layers.len(),
+                self.hidden_steps
+            );
+            return Err(invalid("hidden_layers", message));
         }
         self.validate_stop()
     }

@@ -659,6 +659,68 @@ fn scored_token_ids_report_their_raw_logprobs() {
     assert!(err.to_string().contains("yes/no"), "{err}");
 }
 
+#[test]
+fn hidden_states_come_with_the_first_tokens_batched_or_alone() {
+    let (_dir, model) = tiny();
+    let layers = model.transformer.config().num_layers;
+    let width = model.transformer.config().hidden_size;
+    let mut probed = request(2);
+    probed.params.hidden_layers = vec![layers - 1, 0];
+    probed.params.hidden_steps = 3;
+    // Batched with others that ask for other layers or none.
+    let mut other = request(1);
+    other.params.hidden_layers = vec![1];
+    other.params.hidden_steps = 1;
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let rxs: Vec<_> = [&probed, &other, &request(3)]
+        .iter()
+        .map(|r| engine.add_request(r).unwrap().1)
+        .collect();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let tokens = |rx: &std::sync::mpsc::Receiver<StreamEvent>| -> Vec<_> {
+        rx.try_iter()
+            .filter_map(|e| match e {
+                StreamEvent::Token(t, _) => Some(t),
+                _ => None,
+            })
+            .collect()
+    };
+    let (p, o, none) = (tokens(&rxs[0]), tokens(&rxs[1]), tokens(&rxs[2]));
+    // The first three tokens carry the two layers asked, in the order asked; then nothing.
+    for t in &p[..3] {
+        assert_eq!(t.hidden.len(), 2);
+        assert!(t.hidden.iter().all(|h| h.len() == width));
+        assert_ne!(t.hidden[0], t.hidden[1]);
+    }
+    assert!(p[3..].iter().all(|t| t.hidden.is_empty()));
+    assert_eq!((o[0].hidden.len(), o[1].hidden.len()), (1, 0));
+    assert!(none.iter().all(|t| t.hidden.is_empty()));
+    // Alone, through `generate`, the same states.
+    let alone = generate(&model, &probed, |_, _| true).unwrap();
+    for (a, b) in alone.tokens.iter().zip(&p) {
+        assert_eq!(a.hidden.len(), b.hidden.len());
+        for (x, y) in a.hidden.iter().zip(&b.hidden) {
+            let diff = x
+                .iter()
+                .zip(y)
+                .map(|(u, v)| (u - v).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-4, "{diff}");
+        }
+    }
+    // A layer the model lacks, or too many, is the request's error.
+    let mut bad = request(1);
+    bad.params.hidden_layers = vec![layers];
+    bad.params.hidden_steps = 1;
+    let err = engine.add_request(&bad).unwrap_err().to_string();
+    assert!(err.contains("hidden_layers"), "{err}");
+    bad.params.hidden_layers = vec![0; 9];
+    assert!(engine.add_request(&bad).is_err());
+    assert!(generate(&model, &bad, |_, _| true).is_err());
+}
+
 /// The tiny model with its final norm scaled by `scale`: every logit is `scale` times the
 /// tiny model's (the same argmax), so logits can sit near f32's limit while staying finite.
 fn tiny_scaled_logits(scale: f64) -> (tempfile::TempDir, Arc<Model>) {

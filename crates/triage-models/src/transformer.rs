@@ -235,6 +235,28 @@ impl Transformer {
         logits_rows: &[usize],
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
+        Ok(self
+            .forward_with_hidden(token_ids, positions, logits_rows, &[], attn)?
+            .0)
+    }
+
+    /// [`Self::forward`], also returning the residual stream after each layer of
+    /// `hidden_layers` (0-based) at the `logits_rows`: one `[logits_rows.len(), hidden]` tensor
+    /// per layer, in the order asked. They come from the same pass, at no extra compute.
+    pub fn forward_with_hidden(
+        &self,
+        token_ids: &[u32],
+        positions: &[u32],
+        logits_rows: &[usize],
+        hidden_layers: &[usize],
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if let Some(&bad) = hidden_layers.iter().find(|&&l| l >= self.layers.len()) {
+            return Err(ModelError::Invalid(format!(
+                "hidden states of layer {bad} asked of a model with {} layers",
+                self.layers.len()
+            )));
+        }
         let n = token_ids.len();
         if n == 0 || positions.len() != n {
             return Err(ModelError::Invalid(format!(
@@ -264,6 +286,9 @@ impl Transformer {
         }
         let ids = Tensor::new(token_ids, &self.device)?;
         let pos = Tensor::new(positions, &self.device)?;
+        let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
+        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
         let mut x = self.embed.forward(&ids)?;
         for (idx, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
@@ -271,13 +296,16 @@ impl Transformer {
             x = (x + layer.o.forward(&attn_out)?)?;
             let h = layer.ffn_norm.forward(&x)?;
             x = (x + layer.mlp.forward(&h)?)?;
+            for (slot, _) in hidden_layers.iter().enumerate().filter(|(_, &l)| l == idx) {
+                hidden[slot] = Some(x.index_select(&rows, 0)?.to_dtype(DType::F32)?);
+            }
         }
-        let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
         let x = self
             .norm
             .forward(&x.index_select(&rows, 0)?.contiguous()?)?;
-        self.lm_head.forward(&x)
+        // Every asked layer was checked to exist, so each slot was filled in the loop.
+        let hidden = hidden.into_iter().flatten().collect();
+        Ok((self.lm_head.forward(&x)?, hidden))
     }
 
     fn attention(

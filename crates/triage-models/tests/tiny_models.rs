@@ -365,3 +365,46 @@ mod paged {
         }
     }
 }
+
+#[test]
+fn hidden_states_come_from_the_same_pass_and_do_not_depend_on_the_other_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), GgmlDType::F32).unwrap();
+    let model = load_weights(&path, &LoadOptions::default())
+        .unwrap()
+        .transformer;
+    let layers = model.config().num_layers;
+    let tokens = prompt(24, 5);
+    let positions: Vec<u32> = (0..tokens.len() as u32).collect();
+    let run = |rows: &[usize], hidden: &[usize]| {
+        let mut cache = ContiguousKvCache::new(layers);
+        model
+            .forward_with_hidden(&tokens, &positions, rows, hidden, &mut cache)
+            .unwrap()
+    };
+    // Asking for hidden states leaves the logits as they are, bit for bit.
+    let mut cache = ContiguousKvCache::new(layers);
+    let plain = model
+        .forward(&tokens, &positions, &[23], &mut cache)
+        .unwrap();
+    let (logits, hidden) = run(&[23], &[layers - 1, 0]);
+    assert_eq!(max_abs_diff(&plain, &logits), 0.0);
+    assert_eq!(hidden.len(), 2);
+    let width = model.config().hidden_size;
+    assert_eq!(hidden[0].dims(), &[1, width]);
+    // The last prompt token's state is the same asked alone or among every row, and the
+    // layers asked are distinct (in the order asked).
+    let (_, all) = run(&(0..24).collect::<Vec<_>>(), &[layers - 1, 0]);
+    for (one, every) in hidden.iter().zip(&all) {
+        assert_eq!(max_abs_diff(one, &every.narrow(0, 23, 1).unwrap()), 0.0);
+    }
+    assert!(max_abs_diff(&hidden[0], &hidden[1]) > 1e-3);
+    assert!(max_abs(&hidden[0]) > 0.0);
+    // A layer the model does not have is an error, not a panic.
+    let mut cache = ContiguousKvCache::new(layers);
+    let err = model
+        .forward_with_hidden(&tokens, &positions, &[23], &[layers], &mut cache)
+        .unwrap_err();
+    assert!(err.to_string().contains("layers"), "{err}");
+}

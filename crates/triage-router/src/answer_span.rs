@@ -269,6 +269,7 @@ mod tests {
             entropy,
             top_logprobs: vec![(0, -0.1), (1, -2.1)],
             scored_logprobs: Vec::new(),
+            hidden: Vec::new(),
         }
     }
 

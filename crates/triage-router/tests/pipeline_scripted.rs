@@ -127,6 +127,7 @@ impl Generator for Scripted {
                     entropy: *entropy,
                     top_logprobs: vec![(0, -0.1), (1, -1.0)],
                     scored_logprobs: Vec::new(),
+                    hidden: Vec::new(),
                 };
                 text.push_str(piece);
                 let go_on = watch(i, &token, piece);
