@@ -391,6 +391,7 @@ mod tests {
                 sample_agreement: nan,
             },
             grounding: None,
+            probe: None,
             combined_p_wrong: None,
             combined_threshold: None,
             rag_answer: String::new(),

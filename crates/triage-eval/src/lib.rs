@@ -8,6 +8,7 @@ pub mod calibrate;
 pub mod datasets;
 pub mod error;
 pub mod plots;
+pub mod probe;
 pub mod report;
 pub mod results;
 pub mod route_analysis;

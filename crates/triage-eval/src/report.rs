@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 use triage_types::{auroc, RoutePath};
 
+use crate::probe::{probe_aurocs, ProbeAuroc};
 use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
 use crate::sweep::{
@@ -113,6 +114,8 @@ pub struct Report {
     /// r: the mean tokens of a `rag` answer over those of an `lc` answer; a cascade costs about
     /// r + e of long context's tokens, e its escalation rate.
     pub rag_lc_ratio: Option<f64>,
+    /// Hidden-state probes for a wrong RAG answer, where the answers recorded their states.
+    pub probes: Vec<ProbeAuroc>,
     pub depth: Vec<DepthRow>,
 }
 
@@ -394,6 +397,7 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
         area: curve_area(&pairs),
         apgr: apgr(&pairs),
         rag_lc_ratio,
+        probes: probe_aurocs(&rag_rows),
         depth,
     }
 }
@@ -531,6 +535,23 @@ pub fn markdown(r: &Report) -> String {
             s.push_str(&format!(
                 "| {:.2}–{:.2} | {} | {} | {:.2} [{:.2}, {:.2}] |\n",
                 b.lo, b.hi, b.n, b.wrong, b.rate, b.rate_lo, b.rate_hi
+            ));
+        }
+    }
+    if !r.probes.is_empty() {
+        s.push_str(
+            "\n## Hidden-state probes\n\nA mass-mean probe per recorded layer of the base model, \
+             at the last prompt token (before any answer token) and over the first answer \
+             tokens, fitted on four folds of corpora and scored on the fifth: AUROC for a wrong \
+             RAG answer.\n\n| layer | at | answers | AUROC |\n|---|---|---|---|\n",
+        );
+        for p in &r.probes {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} |\n",
+                p.layer,
+                p.at,
+                p.n,
+                opt(p.auroc, 3)
             ));
         }
     }

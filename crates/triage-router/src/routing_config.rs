@@ -130,6 +130,12 @@ pub struct MonitorSettings {
     /// Tokens per sample.
     pub sample_tokens: usize,
     pub sample_temperature: f32,
+    /// Layers (0-based) of the base model whose residual stream the RAG answer records for a
+    /// hidden-state probe (`ProbeStates`); empty records none.
+    pub probe_layers: Vec<usize>,
+    /// Generated tokens whose states are kept: the first is the last prompt token's, the rest
+    /// are averaged as the answer's.
+    pub probe_steps: usize,
 }
 
 impl Default for MonitorSettings {
@@ -147,6 +153,8 @@ impl Default for MonitorSettings {
             samples: 0,
             sample_tokens: 16,
             sample_temperature: 0.7,
+            probe_layers: Vec::new(),
+            probe_steps: 4,
         }
     }
 }

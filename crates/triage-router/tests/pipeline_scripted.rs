@@ -127,7 +127,17 @@ impl Generator for Scripted {
                     entropy: *entropy,
                     top_logprobs: vec![(0, -0.1), (1, -1.0)],
                     scored_logprobs: Vec::new(),
-                    hidden: Vec::new(),
+                    // The state "layer + step" at each asked layer, for the first steps.
+                    hidden: if tokens.len() < request.params.hidden_steps {
+                        request
+                            .params
+                            .hidden_layers
+                            .iter()
+                            .map(|&l| vec![(l + tokens.len()) as f32; 4])
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
                 };
                 text.push_str(piece);
                 let go_on = watch(i, &token, piece);
@@ -373,6 +383,39 @@ fn a_rag_answer_records_its_grounding_and_the_agreement_of_its_samples() {
         "{signals:?}"
     );
     assert_eq!(out.answer.decision.path, RoutePath::Rag);
+}
+
+#[test]
+fn a_rag_answer_records_the_residual_stream_a_probe_asks_for() {
+    let f = fixture();
+    let mut c = config();
+    c.monitor.probe_layers = vec![2, 0];
+    c.monitor.probe_steps = 3;
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    let probe = out.answer.decision.monitor.unwrap().probe.unwrap();
+    assert_eq!(probe.layers, vec![2, 0]);
+    // The last prompt token's state (step 0), then the mean of steps 1 and 2.
+    assert_eq!(probe.prompt, vec![vec![2.0; 4], vec![0.0; 4]]);
+    assert_eq!(probe.answer, vec![vec![3.5; 4], vec![1.5; 4]]);
+    // Not asked, not recorded.
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        config(),
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert!(out.answer.decision.monitor.unwrap().probe.is_none());
 }
 
 #[test]

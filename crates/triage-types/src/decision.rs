@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::entropy::{EntropyEstimator, EntropyUnit};
 use crate::float::{map_or_nan, or_nan, vec_or_nan};
 use crate::routing::{ModelRole, Prices, QueryClass, RoutePath};
-use crate::signals::{AnswerSignals, GainDecision, GroundingFeatures, RetrievalFeatures};
+use crate::signals::{
+    AnswerSignals, GainDecision, GroundingFeatures, ProbeStates, RetrievalFeatures,
+};
 
 /// The classifier's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +108,9 @@ pub struct MonitorRecord {
     /// How the answer stands on its retrieved chunks (absent in records written before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grounding: Option<GroundingFeatures>,
+    /// The residual stream for a probe, when `monitor.probe_layers` asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeStates>,
     /// P(wrong) from the combined score, when it decided (instead of τ).
     pub combined_p_wrong: Option<f64>,
     pub combined_threshold: Option<f64>,
@@ -342,6 +347,7 @@ mod tests {
                 sample_agreement: f32::NAN,
             },
             grounding: None,
+            probe: None,
             combined_p_wrong: None,
             combined_threshold: None,
             rag_answer: "Lyon".into(),

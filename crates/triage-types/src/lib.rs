@@ -22,5 +22,5 @@ pub use document::Document;
 pub use entropy::{EntropyEstimator, EntropyUnit};
 pub use error::UnknownName;
 pub use routing::{Calibration, ModelRole, Price, Prices, QueryClass, RoutePath, UNANSWERABLE};
-pub use signals::{AnswerSignals, GainDecision, GroundingFeatures, RetrievalFeatures};
+pub use signals::{AnswerSignals, GainDecision, GroundingFeatures, ProbeStates, RetrievalFeatures};
 pub use stats::auroc;

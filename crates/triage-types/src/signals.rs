@@ -134,6 +134,54 @@ impl AnswerSignals {
     }
 }
 
+/// The base model's residual stream while it answered from the retrieved chunks, for a
+/// hidden-state probe: per layer asked, the state at the last prompt token (before any answer
+/// token) and the mean state over the first answer tokens. Values are rounded to 1e-3 to keep
+/// records small; a linear probe does not see the difference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStates {
+    pub layers: Vec<usize>,
+    /// Per layer: the state at the last prompt token.
+    pub prompt: Vec<Vec<f32>>,
+    /// Per layer: the mean state over the answer's first tokens (empty when it has none).
+    pub answer: Vec<Vec<f32>>,
+}
+
+impl ProbeStates {
+    /// From the hidden states of a generation's first tokens (each token's states for
+    /// `layers`, in order; the first token's are the last prompt token's).
+    pub fn from_token_states(layers: &[usize], tokens: &[&[Vec<f32>]]) -> Option<Self> {
+        let first = tokens.first().filter(|t| t.len() == layers.len())?;
+        let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| (x * 1e3).round() / 1e3).collect() };
+        let prompt = first.iter().map(|v| round(v)).collect();
+        let rest: Vec<&[Vec<f32>]> = tokens[1..]
+            .iter()
+            .copied()
+            .filter(|t| t.len() == layers.len())
+            .collect();
+        let answer = if rest.is_empty() {
+            Vec::new()
+        } else {
+            (0..layers.len())
+                .map(|l| {
+                    let width = rest[0][l].len();
+                    let mut mean = vec![0f32; width];
+                    for t in &rest {
+                        mean.iter_mut().zip(&t[l]).for_each(|(m, x)| *m += x);
+                    }
+                    let n = rest.len() as f32;
+                    round(&mean.iter().map(|m| m / n).collect::<Vec<_>>())
+                })
+                .collect()
+        };
+        Some(Self {
+            layers: layers.to_vec(),
+            prompt,
+            answer,
+        })
+    }
+}
+
 /// The combined escalation score's inputs, in order; each oriented so that larger means more
 /// likely wrong where the sign is known.
 pub const COMBINED_INPUTS: [&str; 21] = [

@@ -42,6 +42,7 @@ fn answer(text: &str, path: RoutePath, monitored: Option<AnswerSignals>) -> Rout
             chunk_margin: 0.1,
             unsupported_words: 0.0,
         }),
+        probe: None,
         combined_p_wrong: None,
         combined_threshold: None,
         rag_answer: String::new(),

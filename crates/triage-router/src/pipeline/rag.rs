@@ -21,7 +21,7 @@ use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
 use crate::grounding::grounding;
 use crate::sample_agreement::{agreement, Sample};
-use triage_types::GroundingFeatures;
+use triage_types::{GroundingFeatures, ProbeStates};
 
 /// What the RAG stage produced.
 pub(super) struct RagOutcome {
@@ -124,14 +124,20 @@ impl Run<'_, '_> {
     }
 
     fn rag_request(&self, hits: &[Hit], decline: bool) -> GenerateRequest {
-        greedy(
+        let mut request = greedy(
             Prompt::Chat(vec![
                 ChatMessage::new("system", RAG_SYSTEM),
                 ChatMessage::new("user", rag_user(&self.request.question, hits, decline)),
             ]),
             self.max_tokens(self.config().rag_max_tokens),
             2,
-        )
+        );
+        let monitor = &self.config().monitor;
+        if !monitor.probe_layers.is_empty() {
+            request.params.hidden_layers = monitor.probe_layers.clone();
+            request.params.hidden_steps = monitor.probe_steps.max(1);
+        }
+        request
     }
 
     /// Generate under the monitor, each piece going through `hold`.
@@ -176,6 +182,7 @@ impl Run<'_, '_> {
         let requests: Vec<GenerateRequest> = (0..settings.samples)
             .map(|i| {
                 let mut r = request.clone();
+                r.params.hidden_layers.clear();
                 r.params.temperature = settings.sample_temperature;
                 r.params.max_tokens = Some(settings.sample_tokens);
                 r.params.seed = Some(i as u64);
@@ -319,6 +326,15 @@ impl Run<'_, '_> {
             },
             signals: judged.signals,
             grounding: Some(judged.grounding),
+            probe: ProbeStates::from_token_states(
+                &settings.probe_layers,
+                &generated
+                    .tokens
+                    .iter()
+                    .map(|t| t.hidden.as_slice())
+                    .filter(|h| !h.is_empty())
+                    .collect::<Vec<_>>(),
+            ),
             combined_p_wrong: judged.combined.map(|c| c.p_wrong),
             combined_threshold: judged.combined.map(|c| c.threshold),
             rag_answer: generated.text.trim().to_string(),

@@ -1,0 +1,217 @@
+//! Hidden-state probes, read offline from the residual streams the RAG answers recorded
+//! (`monitor.probe_layers`): per layer, at the last prompt token (before any answer token) and
+//! over the first answer tokens, a mass-mean probe — the difference between the wrong and the
+//! right answers' mean standardised states — fitted on four folds of corpora and scored on the
+//! fifth, so no corpus is both fitted and scored; its AUROC for "the RAG answer is wrong". A
+//! mass-mean probe has no step size or penalty to tune, which a few hundred answers in a
+//! thousand dimensions could not choose reliably.
+
+use serde::Serialize;
+use triage_types::auroc;
+
+use crate::results::ResultRow;
+use crate::suites::fnv1a;
+
+/// Folds of the out-of-fold fit; an answer goes to fold `fnv1a(its corpus) % FOLDS`.
+const FOLDS: u64 = 5;
+
+/// One probe's out-of-fold AUROC.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeAuroc {
+    pub layer: usize,
+    /// "prompt" (the last prompt token) or "answer" (the first answer tokens).
+    pub at: &'static str,
+    /// Answers scored.
+    pub n: usize,
+    pub auroc: Option<f64>,
+}
+
+/// Every recorded layer's probes over the `rag` rows (others are ignored).
+pub fn probe_aurocs(rows: &[&ResultRow]) -> Vec<ProbeAuroc> {
+    let recorded: Vec<(&ResultRow, &triage_types::ProbeStates)> = rows
+        .iter()
+        .filter_map(|r| Some((*r, r.decision.monitor.as_ref()?.probe.as_ref()?)))
+        .collect();
+    let Some((_, first)) = recorded.first() else {
+        return Vec::new();
+    };
+    let layers = first.layers.clone();
+    let mut out = Vec::new();
+    for (l, &layer) in layers.iter().enumerate() {
+        for at in ["prompt", "answer"] {
+            let data: Vec<(u64, &[f32], bool)> = recorded
+                .iter()
+                .filter(|(_, p)| p.layers == layers)
+                .filter_map(|(r, p)| {
+                    let states = if at == "prompt" { &p.prompt } else { &p.answer };
+                    let state = states.get(l)?;
+                    Some((fnv1a(&r.group) % FOLDS, state.as_slice(), !r.score.correct))
+                })
+                .collect();
+            let (scores, labels) = out_of_fold(&data);
+            out.push(ProbeAuroc {
+                layer,
+                at,
+                n: scores.len(),
+                auroc: auroc(&scores, &labels),
+            });
+        }
+    }
+    out
+}
+
+/// Scores of each fold's answers by the probe fitted on the other folds; folds whose training
+/// answers are all right or all wrong are skipped.
+fn out_of_fold(data: &[(u64, &[f32], bool)]) -> (Vec<f64>, Vec<bool>) {
+    let (mut scores, mut labels) = (Vec::new(), Vec::new());
+    for fold in 0..FOLDS {
+        let train: Vec<(&[f32], bool)> = data
+            .iter()
+            .filter(|d| d.0 != fold)
+            .map(|d| (d.1, d.2))
+            .collect();
+        let Some(probe) = MassMean::fit(&train) else {
+            continue;
+        };
+        for d in data.iter().filter(|d| d.0 == fold) {
+            scores.push(probe.score(d.1));
+            labels.push(d.2);
+        }
+    }
+    (scores, labels)
+}
+
+/// w = mean(wrong) − mean(right) over standardised states; score = w · standardise(x).
+struct MassMean {
+    mean: Vec<f64>,
+    scale: Vec<f64>,
+    direction: Vec<f64>,
+}
+
+impl MassMean {
+    fn fit(rows: &[(&[f32], bool)]) -> Option<Self> {
+        let width = rows.first()?.0.len();
+        let rows: Vec<&(&[f32], bool)> = rows.iter().filter(|r| r.0.len() == width).collect();
+        let (wrong, right) = (
+            rows.iter().filter(|r| r.1).count(),
+            rows.iter().filter(|r| !r.1).count(),
+        );
+        if wrong == 0 || right == 0 {
+            return None;
+        }
+        let n = rows.len() as f64;
+        let mut mean = vec![0f64; width];
+        for r in &rows {
+            mean.iter_mut()
+                .zip(r.0)
+                .for_each(|(m, &x)| *m += f64::from(x) / n);
+        }
+        let mut var = vec![0f64; width];
+        for r in &rows {
+            var.iter_mut()
+                .zip(r.0.iter().zip(&mean))
+                .for_each(|(v, (&x, m))| *v += (f64::from(x) - m).powi(2) / n);
+        }
+        // A constant dimension says nothing: a unit scale leaves it at zero after centring.
+        let scale: Vec<f64> = var
+            .iter()
+            .map(|v| if *v > 1e-12 { v.sqrt() } else { 1.0 })
+            .collect();
+        let mut direction = vec![0f64; width];
+        for r in &rows {
+            let sign = if r.1 {
+                1.0 / wrong as f64
+            } else {
+                -1.0 / right as f64
+            };
+            for (j, &x) in r.0.iter().enumerate() {
+                direction[j] += sign * (f64::from(x) - mean[j]) / scale[j];
+            }
+        }
+        Some(Self {
+            mean,
+            scale,
+            direction,
+        })
+    }
+
+    fn score(&self, x: &[f32]) -> f64 {
+        x.iter()
+            .zip(&self.direction)
+            .enumerate()
+            .map(|(j, (&v, w))| w * (f64::from(v) - self.mean[j]) / self.scale[j])
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::tests::row;
+    use rand::{Rng, SeedableRng};
+    use triage_types::{MonitorRecord, ProbeStates};
+
+    /// 60 RAG answers over 12 corpora, every third wrong. Layer 5's states carry the label
+    /// along one random direction under noise; layer 1's are noise only.
+    fn rows() -> Vec<ResultRow> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let direction: Vec<f32> = (0..32).map(|_| rng.random_range(-1.0..1.0)).collect();
+        (0..60)
+            .map(|i| {
+                let wrong = i % 3 == 0;
+                let mut r = row("rag", &format!("e{i}"), !wrong, 100);
+                r.group = format!("corpus-{}", i % 12);
+                let noise = |rng: &mut rand::rngs::StdRng| -> Vec<f32> {
+                    (0..32).map(|_| rng.random_range(-1.0..1.0)).collect()
+                };
+                let signal: Vec<f32> = noise(&mut rng)
+                    .iter()
+                    .zip(&direction)
+                    .map(|(n, d)| n + if wrong { 1.5 * d } else { 0.0 })
+                    .collect();
+                let mut monitor: MonitorRecord = serde_json::from_value(serde_json::json!({
+                    "tau": {"tau": 0.6, "model": "m", "estimator": "full_softmax",
+                            "unit": "nats", "window": 30},
+                    "trace": [], "in_answer_span": [], "mean": null, "decided_at": null,
+                    "decision": "accept",
+                    "signals": {"mean_entropy": null, "span_mean_entropy": null,
+                                "max_entropy": null, "mean_nll": null,
+                                "mean_top2_margin": null, "declined": false},
+                    "combined_p_wrong": null, "combined_threshold": null, "rag_answer": ""
+                }))
+                .unwrap();
+                monitor.probe = Some(ProbeStates {
+                    layers: vec![1, 5],
+                    prompt: vec![noise(&mut rng), signal.clone()],
+                    answer: vec![noise(&mut rng), noise(&mut rng)],
+                });
+                r.decision.monitor = Some(monitor);
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_layer_that_carries_the_label_is_found_and_noise_is_not() {
+        let rows = rows();
+        let refs: Vec<&ResultRow> = rows.iter().collect();
+        let probes = probe_aurocs(&refs);
+        assert_eq!(probes.len(), 4);
+        let get = |layer, at| {
+            probes
+                .iter()
+                .find(|p| p.layer == layer && p.at == at)
+                .and_then(|p| p.auroc)
+                .unwrap()
+        };
+        assert!(get(5, "prompt") > 0.9, "{probes:?}");
+        for (layer, at) in [(1, "prompt"), (1, "answer"), (5, "answer")] {
+            let a = get(layer, at);
+            assert!((0.2..0.8).contains(&a), "{layer} {at}: {a}");
+        }
+        assert!(probes.iter().all(|p| p.n == 60));
+        // Without recorded states there is nothing to report.
+        let plain = row("rag", "e0", true, 100);
+        assert!(probe_aurocs(&[&plain]).is_empty());
+    }
+}
