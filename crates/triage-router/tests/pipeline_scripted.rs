@@ -157,8 +157,12 @@ impl Generator for Scripted {
                 usage: Usage {
                     prompt_tokens,
                     completion_tokens: tokens.len(),
+                    // A corpus prefix, or the RAG prompt a sample re-reads, is in the cache
+                    // but for its tail.
                     cached_tokens: if call == Call::Lc {
                         prompt_tokens - 8
+                    } else if sampled {
+                        prompt_tokens - 4
                     } else {
                         0
                     },
@@ -376,6 +380,12 @@ fn a_rag_answer_records_its_grounding_and_the_agreement_of_its_samples() {
         .find(|s| s.stage == Stage::Samples)
         .unwrap();
     assert_eq!(samples.completion_tokens, 6);
+    // Each sample finds 96 of the prompt's 100 tokens cached: charged are the 4 it computes
+    // (and its own), not the prompt again.
+    assert_eq!(
+        (samples.prompt_tokens, samples.cached_prompt_tokens),
+        (12, 0)
+    );
     // "lyon is" against "paris is the capital": one word of two, one of four, F1 1/3.
     let signals = out.answer.decision.monitor.unwrap().signals;
     assert!(

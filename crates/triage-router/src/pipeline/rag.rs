@@ -192,9 +192,11 @@ impl Run<'_, '_> {
         let drawn = self
             .generator
             .generate(ModelRole::Base, &requests, &mut |_, _, _| true)?;
+        // The samples re-read the RAG prompt from the cache: charged are the tokens they
+        // compute (the prompt's uncached tail and their own), not the prompt again k times.
         let usage = drawn.iter().fold((0, 0, 0), |acc, g| {
             let (p, c, n) = usage_of(g);
-            (acc.0 + p, acc.1 + c, acc.2 + n)
+            (acc.0 + p.saturating_sub(c), 0, acc.2 + n)
         });
         let prices = self.config().prices;
         self.record.add_stage(

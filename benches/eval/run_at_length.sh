@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 22's runs at length, resumable (rerun it after an interruption: every finished answer is
+# kept). Per suite: forced RAG and forced long context on 100 dev questions with every signal
+# recorded (grounding, 5 samples, the residual stream of 4 layers of the 0.5B), τ calibrated on
+# them at ≥ 95 % of long context's accuracy, then rag, lc and auto (the calibrated routing) on
+# 300 test questions, each with its report.md. Hours per suite on 2 CPU cores: run it in the
+# background. Usage: benches/eval/run_at_length.sh [SUITE ...]
+#   TRIAGE_BIN (default target/release/triage), OUT (default ~/.cache/triage/eval16k),
+#   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300).
+set -euo pipefail
+BIN=${TRIAGE_BIN:-target/release/triage}
+OUT=${OUT:-$HOME/.cache/triage/eval16k}
+TOKENS=${TOKENS:-16384}
+DEV=${DEV:-100}
+TEST=${TEST:-300}
+SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
+SIGNALS='samples = 5
+probe_layers = [6, 12, 18, 23]'
+mkdir -p "$OUT"
+printf '[routing.monitor]\n%s\n' "$SIGNALS" > "$OUT/signals.toml"
+for suite in $SUITES; do
+    echo "== $suite: dev ($DEV questions at $TOKENS tokens), $(date -u +%FT%TZ)"
+    "$BIN" calibrate --suite "$suite" --context-tokens "$TOKENS" --limit "$DEV" --quiet \
+        --config "$OUT/signals.toml" --runs "$OUT/$suite-$TOKENS-dev" --min-retained 0.95 \
+        --out "$OUT/$suite-$TOKENS-calibrated.toml"
+    # The test run records the same signals under the calibrated τ.
+    awk -v signals="$SIGNALS" '{ print } /^\[routing\.monitor\]$/ { print signals }' \
+        "$OUT/$suite-$TOKENS-calibrated.toml" > "$OUT/$suite-$TOKENS-routing.toml"
+    echo "== $suite: test ($TEST questions), $(date -u +%FT%TZ)"
+    "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$TEST" --split test --quiet \
+        --systems rag,lc,auto --config "$OUT/$suite-$TOKENS-routing.toml" \
+        --out "$OUT/$suite-$TOKENS-test"
+    echo "== $suite: done, $(date -u +%FT%TZ)"
+done
