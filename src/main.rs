@@ -88,6 +88,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train { command } => train(command),
         Command::Eval(args) => eval(args),
         Command::Calibrate(args) => calibrate(args),
+        Command::Signals(args) => signals(args),
         Command::Bench { command } => bench(command),
     }
 }
@@ -122,6 +123,64 @@ fn eval(args: EvalArgs) -> Result<()> {
     } else {
         print!("{}", triage_eval::report::markdown(&report));
         eprintln!("written to {}", config.out.display());
+    }
+    Ok(())
+}
+
+fn signals(args: SignalsArgs) -> Result<()> {
+    use triage_eval::signal_study;
+    let load = |dirs: &[std::path::PathBuf]| -> Result<Vec<signal_study::Labelled>> {
+        let mut out = Vec::new();
+        for dir in dirs {
+            if !dir.join("results.jsonl").exists() {
+                anyhow::bail!("{} holds no results.jsonl", dir.display());
+            }
+            let file = triage_eval::results::ResultsFile::open(dir)?;
+            if let Some(r) = file
+                .rows()
+                .iter()
+                .find(|r| r.split != triage_eval::suites::Split::Dev)
+            {
+                if args.train.contains(dir) {
+                    anyhow::bail!(
+                        "{} is a {} run: fit on dev runs only",
+                        dir.display(),
+                        r.split.as_str()
+                    );
+                }
+            }
+            out.extend(signal_study::labelled(file.rows()));
+        }
+        Ok(out)
+    };
+    let (train, test) = (load(&args.train)?, load(&args.test)?);
+    if train.is_empty() || test.is_empty() {
+        anyhow::bail!("no monitored RAG answers to study (run triage eval with the rag system)");
+    }
+    let study = signal_study::study(&train, &test)?;
+    if let Some(path) = &args.save_combined {
+        let model_id = args
+            .train
+            .iter()
+            .find_map(|d| {
+                let file = triage_eval::results::ResultsFile::open(d).ok()?;
+                let m = file
+                    .rows()
+                    .iter()
+                    .find_map(|r| r.decision.monitor.clone())?;
+                Some(m.tau.model)
+            })
+            .unwrap_or_default();
+        let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
+        let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
+        let hash = triage_router::combined_score::CombinedScore::fit(&model_id, &x, &y, 0.5)?
+            .save(path)?;
+        eprintln!("combined score saved to {} (sha256 {hash})", path.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&study)?);
+    } else {
+        print!("{}", signal_study::markdown(&study));
     }
     Ok(())
 }

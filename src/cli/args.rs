@@ -38,6 +38,10 @@ pub enum Command {
     /// Choose τ on a suite's dev split and write it to a routing TOML the engine and the
     /// server read.
     Calibrate(CalibrateArgs),
+    /// Which signals tell a wrong RAG answer, from `triage eval` runs: each alone, the
+    /// combined score fitted on the train runs and scored on the test runs, ablations, and
+    /// leave-one-suite-out.
+    Signals(SignalsArgs),
     /// Benchmarks through the batching engine.
     Bench {
         #[command(subcommand)]
@@ -136,6 +140,22 @@ pub struct CalibrateArgs {
     /// statistic's quantile at one minus it).
     #[arg(long, conflicts_with_all = ["min_accuracy", "min_retained"])]
     pub escalation_rate: Option<f64>,
+}
+
+#[derive(clap::Args)]
+pub struct SignalsArgs {
+    /// Run directories (their results.jsonl) to fit on: dev splits, never the test runs.
+    #[arg(long, required = true)]
+    pub train: Vec<std::path::PathBuf>,
+    /// Run directories to score.
+    #[arg(long, required = true)]
+    pub test: Vec<std::path::PathBuf>,
+    /// Also save the combined score fitted on every train answer, for `[routing.monitor]
+    /// combined_score`.
+    #[arg(long)]
+    pub save_combined: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args)]

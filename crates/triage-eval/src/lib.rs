@@ -13,6 +13,7 @@ pub mod report;
 pub mod results;
 pub mod route_analysis;
 pub mod scoring;
+pub mod signal_study;
 pub mod stats;
 pub mod suites;
 pub mod sweep;

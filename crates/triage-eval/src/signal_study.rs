@@ -1,0 +1,267 @@
+//! Which signals tell a wrong RAG answer, measured on `triage eval` runs (`triage signals`):
+//! each signal alone, the combined score (logistic over all of them) fitted on the train runs'
+//! answers and scored on the test runs', the same with each group of signals left out, and,
+//! where the runs hold several suites, each test suite scored by a combined score fitted on the
+//! other suites only (leave one suite out: probes and scores are known to transfer poorly).
+
+use serde::Serialize;
+use triage_types::auroc;
+use triage_types::linear::{FitError, LogisticModel};
+use triage_types::signals::{combined_inputs, COMBINED_INPUTS};
+
+use crate::results::ResultRow;
+use crate::system::System;
+
+/// One forced-RAG answer's combined-score inputs and whether it was wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Labelled {
+    pub suite: String,
+    pub inputs: Vec<f32>,
+    pub wrong: bool,
+}
+
+/// The `rag` rows that carry a monitor record.
+pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
+    rows.iter()
+        .filter(|r| r.system == System::Rag)
+        .filter_map(|r| {
+            let m = r.decision.monitor.as_ref()?;
+            let features = r.decision.retrieval.as_ref().and_then(|x| x.features);
+            Some(Labelled {
+                suite: r.suite.clone(),
+                inputs: combined_inputs(
+                    &m.signals,
+                    m.mean,
+                    features.as_ref(),
+                    m.grounding.as_ref(),
+                ),
+                wrong: !r.score.correct,
+            })
+        })
+        .collect()
+}
+
+/// Groups of inputs (indices into `COMBINED_INPUTS`) left out together in the ablations.
+pub const GROUPS: [(&str, &[usize]); 5] = [
+    ("token uncertainty", &[0, 1, 2, 3, 4, 6, 13, 14]),
+    ("self-route decline", &[5]),
+    ("retrieval features", &[7, 8, 9, 10, 11, 12]),
+    ("grounding", &[15, 16, 17, 18, 19]),
+    ("sample agreement", &[20]),
+];
+
+/// An AUROC with what it is of.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Named {
+    pub name: String,
+    pub auroc: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Study {
+    pub train_answers: usize,
+    pub test_answers: usize,
+    pub test_error_rate: f64,
+    /// Each input alone on the test answers (larger means more likely wrong).
+    pub each: Vec<Named>,
+    /// The combined score fitted on train, scored on test.
+    pub combined: Option<f64>,
+    /// The combined score without each group.
+    pub without: Vec<Named>,
+    /// Per test suite, fitted on the train answers of the other suites only.
+    pub leave_one_suite_out: Vec<Named>,
+}
+
+/// The study of `test` with combined scores fitted on `train` (never on `test`).
+pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
+    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
+    let each = COMBINED_INPUTS
+        .iter()
+        .enumerate()
+        .map(|(j, name)| {
+            let scores: Vec<f64> = test.iter().map(|l| finite_or_lowest(l.inputs[j])).collect();
+            Named {
+                name: name.to_string(),
+                auroc: auroc(&scores, &labels),
+            }
+        })
+        .collect();
+    let all: Vec<usize> = (0..COMBINED_INPUTS.len()).collect();
+    let combined = fitted_auroc(train, test, &all)?;
+    let without = GROUPS
+        .iter()
+        .map(|(name, group)| {
+            let kept: Vec<usize> = all.iter().copied().filter(|j| !group.contains(j)).collect();
+            Ok(Named {
+                name: format!("without {name}"),
+                auroc: fitted_auroc(train, test, &kept)?,
+            })
+        })
+        .collect::<Result<_, FitError>>()?;
+    let mut suites: Vec<&str> = test.iter().map(|l| l.suite.as_str()).collect();
+    suites.sort_unstable();
+    suites.dedup();
+    let leave_one_suite_out = if suites.len() > 1 {
+        suites
+            .iter()
+            .map(|s| {
+                let others: Vec<Labelled> =
+                    train.iter().filter(|l| l.suite != *s).cloned().collect();
+                let own: Vec<Labelled> = test.iter().filter(|l| l.suite == *s).cloned().collect();
+                Ok(Named {
+                    name: (*s).to_string(),
+                    auroc: fitted_auroc(&others, &own, &all)?,
+                })
+            })
+            .collect::<Result<_, FitError>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(Study {
+        train_answers: train.len(),
+        test_answers: test.len(),
+        test_error_rate: labels.iter().filter(|w| **w).count() as f64 / labels.len().max(1) as f64,
+        each,
+        combined,
+        without,
+        leave_one_suite_out,
+    })
+}
+
+/// AUROC on `test` of a logistic fitted on `train`'s `columns`; `None` when train holds one
+/// label only.
+fn fitted_auroc(
+    train: &[Labelled],
+    test: &[Labelled],
+    columns: &[usize],
+) -> Result<Option<f64>, FitError> {
+    let pick = |l: &Labelled| -> Vec<f32> { columns.iter().map(|&j| l.inputs[j]).collect() };
+    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
+    if !y.contains(&true) || !y.contains(&false) || test.is_empty() {
+        return Ok(None);
+    }
+    let x: Vec<Vec<f32>> = train.iter().map(pick).collect();
+    let model = LogisticModel::fit(&x, &y, 1e-2)?;
+    let scores = test
+        .iter()
+        .map(|l| model.predict(&pick(l)))
+        .collect::<Result<Vec<f64>, FitError>>()?;
+    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
+    Ok(auroc(&scores, &labels))
+}
+
+fn finite_or_lowest(v: f32) -> f64 {
+    let v = f64::from(v);
+    if v.is_finite() {
+        v
+    } else {
+        f64::NEG_INFINITY
+    }
+}
+
+/// The study as Markdown tables.
+pub fn markdown(s: &Study) -> String {
+    let auroc = |a: Option<f64>| a.map_or("–".to_string(), |a| format!("{a:.3}"));
+    let mut out = format!(
+        "{} test answers ({:.1}% wrong), combined score fitted on {} train answers.\n\n\
+         **Combined score: AUROC {}** for a wrong RAG answer.\n\n| signal alone | AUROC |\n|---|---|\n",
+        s.test_answers,
+        100.0 * s.test_error_rate,
+        s.train_answers,
+        auroc(s.combined)
+    );
+    for n in &s.each {
+        out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+    }
+    out.push_str("\n| combined score | AUROC |\n|---|---|\n");
+    for n in &s.without {
+        out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+    }
+    if !s.leave_one_suite_out.is_empty() {
+        out.push_str("\n| suite (fitted on the others) | AUROC |\n|---|---|\n");
+        for n in &s.leave_one_suite_out {
+            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers of `suite` whose grounding ("not verbatim", input 15) tells wrong ones apart
+    /// when `grounded` says so; the other inputs are noise.
+    fn answers(suite: &str, n: usize, grounded: bool, seed: u64) -> Vec<Labelled> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|i| {
+                let wrong = i % 3 == 0;
+                let mut inputs: Vec<f32> = (0..COMBINED_INPUTS.len())
+                    .map(|_| rng.random_range(0.0..1.0))
+                    .collect();
+                if grounded {
+                    inputs[15] = if wrong { 1.0 } else { 0.0 } + rng.random_range(-0.2..0.2);
+                }
+                Labelled {
+                    suite: suite.into(),
+                    inputs,
+                    wrong,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_signal_that_carries_the_label_stands_out_and_its_ablation_shows() {
+        let train = answers("squad-v2", 120, true, 1);
+        let test = answers("squad-v2", 60, true, 2);
+        let s = study(&train, &test).unwrap();
+        let alone = |name: &str| {
+            s.each
+                .iter()
+                .find(|n| n.name == name)
+                .unwrap()
+                .auroc
+                .unwrap()
+        };
+        assert_eq!(alone("not_verbatim"), 1.0);
+        assert!((0.2..0.8).contains(&alone("mean_entropy")));
+        assert!(s.combined.unwrap() > 0.95, "{s:?}");
+        let without = |g: &str| {
+            s.without
+                .iter()
+                .find(|n| n.name == format!("without {g}"))
+                .unwrap()
+                .auroc
+                .unwrap()
+        };
+        assert!(without("grounding") < 0.8, "{s:?}");
+        assert!(without("sample agreement") > 0.95);
+        assert!(s.leave_one_suite_out.is_empty());
+        assert!(markdown(&s).contains("| not_verbatim | 1.000 |"));
+    }
+
+    #[test]
+    fn a_suite_is_scored_by_a_model_fitted_on_the_others_only() {
+        // kv-retrieval's answers are grounded-separable, hotpotqa's are noise; fitted on
+        // hotpotqa alone, kv-retrieval's score cannot have learned grounding.
+        let mut train = answers("kv-retrieval", 90, true, 3);
+        train.extend(answers("hotpotqa", 90, false, 4));
+        let mut test = answers("kv-retrieval", 60, true, 5);
+        test.extend(answers("hotpotqa", 60, false, 6));
+        let s = study(&train, &test).unwrap();
+        let lo = |suite: &str| {
+            s.leave_one_suite_out
+                .iter()
+                .find(|n| n.name == suite)
+                .unwrap()
+                .auroc
+                .unwrap()
+        };
+        assert!(lo("kv-retrieval") < 0.8, "{s:?}");
+        // Fitted with kv-retrieval in, the pooled score finds grounding.
+        assert!(s.combined.unwrap() > 0.7, "{s:?}");
+    }
+}
