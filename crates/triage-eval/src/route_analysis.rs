@@ -195,7 +195,8 @@ pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, FitError> {
     Ok(out)
 }
 
-fn finite_or_lowest(v: f32) -> f64 {
+/// A signal value for ranking: NaN (not measured) ranks lowest.
+pub(crate) fn finite_or_lowest(v: f32) -> f64 {
     let v = f64::from(v);
     if v.is_finite() {
         v

@@ -10,6 +10,7 @@ use triage_types::linear::{FitError, LogisticModel};
 use triage_types::signals::{combined_inputs, COMBINED_INPUTS};
 
 use crate::results::ResultRow;
+use crate::route_analysis::finite_or_lowest;
 use crate::system::System;
 
 /// One forced-RAG answer's combined-score inputs and whether it was wrong.
@@ -148,15 +149,6 @@ fn fitted_auroc(
         .collect::<Result<Vec<f64>, FitError>>()?;
     let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
     Ok(auroc(&scores, &labels))
-}
-
-fn finite_or_lowest(v: f32) -> f64 {
-    let v = f64::from(v);
-    if v.is_finite() {
-        v
-    } else {
-        f64::NEG_INFINITY
-    }
 }
 
 /// The study as Markdown tables.

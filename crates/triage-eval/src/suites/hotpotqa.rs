@@ -112,10 +112,10 @@ mod tests {
     use crate::suites::test_support::params;
     use crate::suites::{build, Split, SuiteName};
 
-    #[test]
-    fn hotpotqa_packs_questions_until_the_context_is_full() {
-        let dir = tempfile::tempdir().unwrap();
-        let records: Vec<serde_json::Value> = (0..40)
+    /// `questions` HotpotQA records of four 43-token pages each, whose first `supporting`
+    /// pages support the answer "yes".
+    fn write_hotpot(dir: &std::path::Path, questions: usize, supporting: usize) {
+        let records: Vec<serde_json::Value> = (0..questions)
             .map(|q| {
                 let context: Vec<serde_json::Value> = (0..4)
                     .map(|p| {
@@ -125,16 +125,24 @@ mod tests {
                         ])
                     })
                     .collect();
+                let facts: Vec<serde_json::Value> = (0..supporting)
+                    .map(|p| serde_json::json!([format!("Title {q}-{p}"), 0]))
+                    .collect();
                 serde_json::json!({"_id": format!("q{q}"), "question": format!("Question {q}?"),
-                    "answer": "yes", "supporting_facts": [[format!("Title {q}-0"), 0]],
-                    "context": context})
+                    "answer": "yes", "supporting_facts": facts, "context": context})
             })
             .collect();
         std::fs::write(
-            dir.path().join("hotpotqa.json"),
+            dir.join("hotpotqa.json"),
             serde_json::Value::from(records).to_string(),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn hotpotqa_packs_questions_until_the_context_is_full() {
+        let dir = tempfile::tempdir().unwrap();
+        write_hotpot(dir.path(), 40, 1);
         let make = |split| {
             let mut p = params(split, 10, 500);
             p.data_dir = dir.path().to_path_buf();
@@ -162,27 +170,7 @@ mod tests {
     #[test]
     fn hotpotqa_at_length_asks_each_question_over_its_supporting_pages() {
         let dir = tempfile::tempdir().unwrap();
-        let records: Vec<serde_json::Value> = (0..200)
-            .map(|q| {
-                let context: Vec<serde_json::Value> = (0..4)
-                    .map(|p| {
-                        serde_json::json!([
-                            format!("Title {q}-{p}"),
-                            ["Some words here. ".repeat(10)]
-                        ])
-                    })
-                    .collect();
-                serde_json::json!({"_id": format!("q{q}"), "question": format!("Question {q}?"),
-                    "answer": "yes",
-                    "supporting_facts": [[format!("Title {q}-0"), 0], [format!("Title {q}-1"), 0]],
-                    "context": context})
-            })
-            .collect();
-        std::fs::write(
-            dir.path().join("hotpotqa.json"),
-            serde_json::Value::from(records).to_string(),
-        )
-        .unwrap();
+        write_hotpot(dir.path(), 200, 2);
         let mut p = params(Split::Dev, 45, 8_192);
         p.data_dir = dir.path().to_path_buf();
         let groups = build(SuiteName::Hotpotqa, &p).unwrap();
