@@ -177,11 +177,54 @@ fn signals(args: SignalsArgs) -> Result<()> {
             .save(path)?;
         eprintln!("combined score saved to {} (sha256 {hash})", path.display());
     }
+    if let (Some(path), Some(layer)) = (&args.save_probe, args.probe_layer) {
+        save_probe(&args.train, layer, args.probe_false_escalation, path)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&study)?);
     } else {
         print!("{}", signal_study::markdown(&study));
     }
+    Ok(())
+}
+
+/// Fits the probe at `layer` on the train runs' recorded last-prompt-token states.
+fn save_probe(
+    train: &[std::path::PathBuf],
+    layer: usize,
+    max_false_escalation: f64,
+    path: &std::path::Path,
+) -> Result<()> {
+    let mut model_id = String::new();
+    let mut rows: Vec<(Vec<f32>, bool)> = Vec::new();
+    for dir in train {
+        let file = triage_eval::results::ResultsFile::open(dir)?;
+        for r in file.rows() {
+            let Some(m) = r.decision.monitor.as_ref() else {
+                continue;
+            };
+            let Some(p) = m.probe.as_ref() else { continue };
+            if let Some(at) = p.layers.iter().position(|&l| l == layer) {
+                model_id.clone_from(&m.tau.model);
+                rows.push((p.prompt[at].clone(), !r.score.correct));
+            }
+        }
+    }
+    if rows.is_empty() {
+        anyhow::bail!(
+            "no train answer recorded layer {layer}: run triage eval with              [routing.monitor] probe_layers including it"
+        );
+    }
+    let refs: Vec<(&[f32], bool)> = rows.iter().map(|(s, w)| (s.as_slice(), *w)).collect();
+    let probe =
+        triage_router::probe::ProbeModel::fit(&model_id, layer, &refs, max_false_escalation)?;
+    let hash = probe.save(path)?;
+    eprintln!(
+        "probe at layer {layer} saved to {} (threshold {:.4}, fitted on {} answers; sha256 {hash})",
+        path.display(),
+        probe.threshold,
+        rows.len()
+    );
     Ok(())
 }
 

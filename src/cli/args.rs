@@ -154,6 +154,15 @@ pub struct SignalsArgs {
     /// combined_score`.
     #[arg(long)]
     pub save_combined: Option<std::path::PathBuf>,
+    /// Also save a hidden-state probe fitted on the train answers' states at --probe-layer
+    /// (the last prompt token), for `[routing.monitor] probe`.
+    #[arg(long, requires = "probe_layer")]
+    pub save_probe: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub probe_layer: Option<usize>,
+    /// The share of right train answers the probe may escalate.
+    #[arg(long, default_value_t = 0.05)]
+    pub probe_false_escalation: f64,
     #[arg(long)]
     pub json: bool,
 }

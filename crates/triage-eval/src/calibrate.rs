@@ -392,6 +392,8 @@ mod tests {
             },
             grounding: None,
             probe: None,
+            probe_score: None,
+            probe_threshold: None,
             combined_p_wrong: None,
             combined_threshold: None,
             rag_answer: String::new(),

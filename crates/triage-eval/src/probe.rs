@@ -2,12 +2,12 @@
 //! (`monitor.probe_layers`): per layer, at the last prompt token (before any answer token) and
 //! over the first answer tokens, a mass-mean probe — the difference between the wrong and the
 //! right answers' mean standardised states — fitted on four folds of corpora and scored on the
-//! fifth, so no corpus is both fitted and scored; its AUROC for "the RAG answer is wrong". A
-//! mass-mean probe has no step size or penalty to tune, which a few hundred answers in a
-//! thousand dimensions could not choose reliably.
+//! fifth, so no corpus is both fitted and scored; its AUROC for "the RAG answer is wrong"
+//! (`triage_types::linear::MassMeanProbe`).
 
 use serde::Serialize;
 use triage_types::auroc;
+use triage_types::linear::MassMeanProbe;
 
 use crate::results::ResultRow;
 use crate::suites::fnv1a;
@@ -70,78 +70,18 @@ fn out_of_fold(data: &[(u64, &[f32], bool)]) -> (Vec<f64>, Vec<bool>) {
             .filter(|d| d.0 != fold)
             .map(|d| (d.1, d.2))
             .collect();
-        let Some(probe) = MassMean::fit(&train) else {
+        let Some(probe) = MassMeanProbe::fit(&train) else {
             continue;
         };
         for d in data.iter().filter(|d| d.0 == fold) {
-            scores.push(probe.score(d.1));
-            labels.push(d.2);
+            // States of the probe's width only (a run mixing models has others).
+            if let Ok(score) = probe.score(d.1) {
+                scores.push(score);
+                labels.push(d.2);
+            }
         }
     }
     (scores, labels)
-}
-
-/// w = mean(wrong) − mean(right) over standardised states; score = w · standardise(x).
-struct MassMean {
-    mean: Vec<f64>,
-    scale: Vec<f64>,
-    direction: Vec<f64>,
-}
-
-impl MassMean {
-    fn fit(rows: &[(&[f32], bool)]) -> Option<Self> {
-        let width = rows.first()?.0.len();
-        let rows: Vec<&(&[f32], bool)> = rows.iter().filter(|r| r.0.len() == width).collect();
-        let (wrong, right) = (
-            rows.iter().filter(|r| r.1).count(),
-            rows.iter().filter(|r| !r.1).count(),
-        );
-        if wrong == 0 || right == 0 {
-            return None;
-        }
-        let n = rows.len() as f64;
-        let mut mean = vec![0f64; width];
-        for r in &rows {
-            mean.iter_mut()
-                .zip(r.0)
-                .for_each(|(m, &x)| *m += f64::from(x) / n);
-        }
-        let mut var = vec![0f64; width];
-        for r in &rows {
-            var.iter_mut()
-                .zip(r.0.iter().zip(&mean))
-                .for_each(|(v, (&x, m))| *v += (f64::from(x) - m).powi(2) / n);
-        }
-        // A constant dimension says nothing: a unit scale leaves it at zero after centring.
-        let scale: Vec<f64> = var
-            .iter()
-            .map(|v| if *v > 1e-12 { v.sqrt() } else { 1.0 })
-            .collect();
-        let mut direction = vec![0f64; width];
-        for r in &rows {
-            let sign = if r.1 {
-                1.0 / wrong as f64
-            } else {
-                -1.0 / right as f64
-            };
-            for (j, &x) in r.0.iter().enumerate() {
-                direction[j] += sign * (f64::from(x) - mean[j]) / scale[j];
-            }
-        }
-        Some(Self {
-            mean,
-            scale,
-            direction,
-        })
-    }
-
-    fn score(&self, x: &[f32]) -> f64 {
-        x.iter()
-            .zip(&self.direction)
-            .enumerate()
-            .map(|(j, (&v, w))| w * (f64::from(v) - self.mean[j]) / self.scale[j])
-            .sum()
-    }
 }
 
 #[cfg(test)]

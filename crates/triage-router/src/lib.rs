@@ -16,6 +16,7 @@ pub mod linear;
 pub mod llm_reranker;
 pub mod long_context;
 pub mod pipeline;
+pub mod probe;
 pub mod pseudo_passage;
 pub mod retriever;
 pub mod routing_config;

@@ -136,6 +136,9 @@ pub struct MonitorSettings {
     /// Generated tokens whose states are kept: the first is the last prompt token's, the rest
     /// are averaged as the answer's.
     pub probe_steps: usize,
+    /// A hidden-state probe (`triage signals --save-probe FILE`): when its score at the last
+    /// prompt token exceeds its threshold, the RAG answer escalates at its first token.
+    pub probe: Option<PathBuf>,
 }
 
 impl Default for MonitorSettings {
@@ -155,6 +158,7 @@ impl Default for MonitorSettings {
             sample_temperature: 0.7,
             probe_layers: Vec::new(),
             probe_steps: 4,
+            probe: None,
         }
     }
 }

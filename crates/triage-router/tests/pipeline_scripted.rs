@@ -428,6 +428,76 @@ fn a_rag_answer_records_the_residual_stream_a_probe_asks_for() {
     assert!(out.answer.decision.monitor.unwrap().probe.is_none());
 }
 
+/// A probe over 4-value states at layer 2 scoring the sum of the state, escalating above
+/// `threshold`.
+fn probe_file(dir: &Path, threshold: f64) -> std::path::PathBuf {
+    let path = dir.join(format!("probe-{threshold}.json"));
+    let probe = triage_router::probe::ProbeModel {
+        model_id: "tiny".into(),
+        layer: 2,
+        probe: triage_types::linear::MassMeanProbe {
+            mean: vec![0.0; 4],
+            scale: vec![1.0; 4],
+            direction: vec![1.0; 4],
+        },
+        threshold,
+    };
+    probe.save(&path).unwrap();
+    path
+}
+
+#[test]
+fn a_probe_escalates_a_calm_answer_at_its_first_token() {
+    let f = fixture();
+    // The scripted state at layer 2 for the first token is [2; 4]: score 8.
+    let mut c = config();
+    c.monitor.probe = Some(probe_file(f.dir.path(), 5.0));
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert!(
+        out.answer.decision.reason.contains("probe"),
+        "{}",
+        out.answer.decision.reason
+    );
+    // The RAG answer stopped at its first token and was never shown: the text is long
+    // context's answer.
+    let rag_tokens: Vec<usize> = g
+        .calls
+        .iter()
+        .filter(|c| c.0 == Call::Rag)
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(rag_tokens, vec![1]);
+    assert_eq!(streamed_text(&out.events), "Paris");
+    let monitor = out.answer.decision.monitor.unwrap();
+    assert_eq!(
+        (monitor.probe_score, monitor.probe_threshold),
+        (Some(8.0), Some(5.0))
+    );
+    // Under its threshold the probe only records, and the calm answer stands.
+    let mut c = config();
+    c.monitor.probe = Some(probe_file(f.dir.path(), 10.0));
+    let mut g = Scripted::new(f.model.clone());
+    let out = ask(
+        &f,
+        &mut g,
+        c,
+        question("What is the capital of France?"),
+        true,
+    )
+    .unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(out.answer.decision.monitor.unwrap().probe_score, Some(8.0));
+}
+
 #[test]
 fn an_unsure_rag_answer_escalates_and_its_generation_stops_early() {
     let f = fixture();

@@ -111,6 +111,12 @@ pub struct MonitorRecord {
     /// The residual stream for a probe, when `monitor.probe_layers` asked for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeStates>,
+    /// The hidden-state probe's score at the last prompt token and its threshold, when one is
+    /// configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_score: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_threshold: Option<f64>,
     /// P(wrong) from the combined score, when it decided (instead of τ).
     pub combined_p_wrong: Option<f64>,
     pub combined_threshold: Option<f64>,
@@ -348,6 +354,8 @@ mod tests {
             },
             grounding: None,
             probe: None,
+            probe_score: None,
+            probe_threshold: None,
             combined_p_wrong: None,
             combined_threshold: None,
             rag_answer: "Lyon".into(),

@@ -43,6 +43,8 @@ fn answer(text: &str, path: RoutePath, monitored: Option<AnswerSignals>) -> Rout
             unsupported_words: 0.0,
         }),
         probe: None,
+        probe_score: None,
+        probe_threshold: None,
         combined_p_wrong: None,
         combined_threshold: None,
         rag_answer: String::new(),

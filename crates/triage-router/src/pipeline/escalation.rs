@@ -13,6 +13,14 @@ pub(super) struct CombinedVerdict {
     pub threshold: f64,
 }
 
+/// The hidden-state probe's reading at the last prompt token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ProbeVerdict {
+    pub score: f64,
+    /// Escalate when `score` exceeds this.
+    pub threshold: f64,
+}
+
 /// Where an answer that should not stand can go.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Fallback {
@@ -37,6 +45,7 @@ pub(super) struct EscalationSignals {
     /// Generated tokens when the monitor decided.
     pub decided_at: Option<usize>,
     pub combined: Option<CombinedVerdict>,
+    pub probe: Option<ProbeVerdict>,
     /// Not a single token of the answer carried content (empty, punctuation, only a preamble).
     pub no_content: bool,
     /// The base model said the context is insufficient (Self-Route prompt).
@@ -61,8 +70,12 @@ pub(super) struct Verdict {
 /// entropy was.
 pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     let combined_escalates = s.combined.is_some_and(|c| c.p_wrong >= c.threshold);
-    let accepted =
-        s.monitor == Decision::Accept && !combined_escalates && !s.no_content && !s.declined;
+    let probe_escalates = s.probe.is_some_and(|p| p.score > p.threshold);
+    let accepted = s.monitor == Decision::Accept
+        && !combined_escalates
+        && !probe_escalates
+        && !s.no_content
+        && !s.declined;
     let (path, reason) = match (accepted, &s.fallback) {
         (_, Fallback::Forced) => (
             s.rag_path,
@@ -90,7 +103,12 @@ pub(super) fn decide(s: &EscalationSignals) -> Verdict {
 
 /// Why an answer that was not accepted should escalate, the strongest signal first.
 fn why(s: &EscalationSignals) -> String {
-    if s.declined {
+    if let Some(p) = s.probe.filter(|p| p.score > p.threshold) {
+        format!(
+            "the hidden-state probe scored {:.3} > {:.3} at the last prompt token",
+            p.score, p.threshold
+        )
+    } else if s.declined {
         "the base model said the context is insufficient".to_string()
     } else if s.no_content {
         "the RAG answer has no answer content".to_string()
@@ -124,6 +142,7 @@ mod tests {
             mean: Some(0.1),
             decided_at: Some(3),
             combined: None,
+            probe: None,
             no_content: false,
             declined: false,
             rag_path: RoutePath::Rag,
@@ -367,6 +386,30 @@ mod tests {
             m.observe(v).unwrap();
         }
         (m.finish(), m.mean())
+    }
+
+    #[test]
+    fn a_probe_over_its_threshold_escalates_a_calm_answer_and_says_why() {
+        let mut s = calm();
+        s.probe = Some(ProbeVerdict {
+            score: 0.4,
+            threshold: 0.5,
+        });
+        assert!(decide(&s).accepted);
+        s.probe = Some(ProbeVerdict {
+            score: 0.7,
+            threshold: 0.5,
+        });
+        let v = decide(&s);
+        assert!(!v.accepted && v.path == RoutePath::Lc);
+        assert!(
+            v.reason.contains("hidden-state probe scored 0.700"),
+            "{}",
+            v.reason
+        );
+        // A forced route still keeps the answer.
+        s.fallback = Fallback::Forced;
+        assert_eq!(decide(&s).path, RoutePath::Rag);
     }
 
     #[test]

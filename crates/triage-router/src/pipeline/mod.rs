@@ -29,6 +29,7 @@ use crate::error::Result;
 use crate::gain_policy::GainPolicy;
 use crate::generator::Generator;
 use crate::long_context::LongContextPrompt;
+use crate::probe::ProbeModel;
 use crate::routing_config::{ClassifierSetting, Route, RoutePath, RoutingConfig};
 
 use run::{ms, Run};
@@ -96,6 +97,8 @@ pub struct Pipeline {
     gain_policy: Option<GainPolicy>,
     /// With a combined score, it (not the entropy mean) decides escalation.
     combined: Option<CombinedScore>,
+    /// A hidden-state probe that may escalate a RAG answer at its first token.
+    probe: Option<ProbeModel>,
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -126,11 +129,16 @@ impl Pipeline {
             Some(path) => Some(CombinedScore::load(path)?),
             None => None,
         };
+        let probe = match &config.monitor.probe {
+            Some(path) => Some(ProbeModel::load(path)?),
+            None => None,
+        };
         Ok(Self {
             config,
             classifier,
             gain_policy,
             combined,
+            probe,
         })
     }
 

@@ -3,12 +3,14 @@
 
 use std::time::Instant;
 
-use triage_engine::entropy_monitor::EntropyMonitor;
+use triage_engine::entropy_monitor::{Decision, EntropyMonitor};
 use triage_engine::generate::{FinishReason, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Hit;
 
-use super::escalation::{decide, CombinedVerdict, EscalationSignals, Fallback, Verdict};
+use super::escalation::{
+    decide, CombinedVerdict, EscalationSignals, Fallback, ProbeVerdict, Verdict,
+};
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
@@ -35,6 +37,7 @@ struct Judged {
     verdict: Verdict,
     signals: AnswerSignals,
     grounding: GroundingFeatures,
+    probe: Option<ProbeVerdict>,
     combined: Option<CombinedVerdict>,
 }
 
@@ -66,10 +69,23 @@ impl Run<'_, '_> {
         };
         let stop_on_escalate = self.config().monitor.stop_on_escalate;
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
-        let (generated, hold) = self.generate_held(request.clone(), &mut span, hold)?;
-        let agreement = self.sample_agreement(&request, &generated)?;
+        let (generated, hold, probed) =
+            self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
+        // An answer the probe already escalated needs no samples.
+        let agreement = if probed.is_some_and(|p| p.score > p.threshold) && can_escalate {
+            f32::NAN
+        } else {
+            self.sample_agreement(&request, &generated)?
+        };
         let judged = self.judge(
-            &generated, &hits, agreement, &mut span, tau, self_route, path, fallback,
+            &generated,
+            &hits,
+            (agreement, probed),
+            &mut span,
+            tau,
+            self_route,
+            path,
+            fallback,
         )?;
         if judged.verdict.path == path {
             hold.finish(&generated.text, &mut *self.events);
@@ -90,6 +106,14 @@ impl Run<'_, '_> {
                     "τ was calibrated on {:?}, the base model is {:?}: run triage calibrate \
                      for this model",
                     c.model, base
+                )));
+            }
+        }
+        if let Some(p) = &self.pipeline.probe {
+            if p.model_id != base {
+                return Err(RouterError::Invalid(format!(
+                    "the hidden-state probe was fitted on {:?}, the base model is {:?}",
+                    p.model_id, base
                 )));
             }
         }
@@ -137,35 +161,75 @@ impl Run<'_, '_> {
             request.params.hidden_layers = monitor.probe_layers.clone();
             request.params.hidden_steps = monitor.probe_steps.max(1);
         }
+        if let Some(p) = &self.pipeline.probe {
+            if !request.params.hidden_layers.contains(&p.layer) {
+                request.params.hidden_layers.push(p.layer);
+            }
+            request.params.hidden_steps = request.params.hidden_steps.max(1);
+        }
         request
     }
 
-    /// Generate under the monitor, each piece going through `hold`.
+    /// Generate under the monitor, each piece going through `hold`. With a probe, the first
+    /// token's state at the probe's layer (the last prompt token's) is read first: over its
+    /// threshold, and with long context to escalate to, the answer escalates there.
     fn generate_held(
         &mut self,
         request: GenerateRequest,
         span: &mut SpanMonitor,
         mut hold: HoldBack,
-    ) -> Result<(Generated, HoldBack)> {
+        can_escalate: bool,
+    ) -> Result<(Generated, HoldBack, Option<ProbeVerdict>)> {
         let mut failure = None;
+        let mut probed = None;
+        let probe = self.pipeline.probe.as_ref().map(|p| {
+            let at = request
+                .params
+                .hidden_layers
+                .iter()
+                .position(|&l| l == p.layer);
+            (p, at)
+        });
         let events = &mut *self.events;
         let generated = self
             .generator
-            .generate(
-                ModelRole::Base,
-                &[request],
-                &mut |_, token, text| match span.observe(token) {
-                    Ok(decision) => hold.step(text, decision, events),
+            .generate(ModelRole::Base, &[request], &mut |_, token, text| {
+                let mut decision = match span.observe(token) {
+                    Ok(decision) => decision,
                     Err(e) => {
                         failure = Some(e);
-                        false
+                        return false;
                     }
-                },
-            )?
+                };
+                if let (Some((p, Some(at))), None) = (probe, probed) {
+                    let Some(state) = token.hidden.get(at) else {
+                        failure = Some(RouterError::Invalid(
+                            "the engine returned no hidden state for the probe".into(),
+                        ));
+                        return false;
+                    };
+                    match p.judge(state) {
+                        Ok((score, escalates)) => {
+                            probed = Some(ProbeVerdict {
+                                score,
+                                threshold: p.threshold,
+                            });
+                            if escalates && can_escalate {
+                                decision = Decision::Escalate { at_step: 1 };
+                            }
+                        }
+                        Err(e) => {
+                            failure = Some(e);
+                            return false;
+                        }
+                    }
+                }
+                hold.step(text, decision, events)
+            })?
             .remove(0);
         match failure {
             Some(e) => Err(e),
-            None => Ok((generated, hold)),
+            None => Ok((generated, hold, probed)),
         }
     }
 
@@ -225,7 +289,7 @@ impl Run<'_, '_> {
         &self,
         generated: &Generated,
         hits: &[Hit],
-        sample_agreement: f32,
+        (sample_agreement, probe): (f32, Option<ProbeVerdict>),
         span: &mut SpanMonitor,
         tau: f32,
         self_route: bool,
@@ -274,6 +338,7 @@ impl Run<'_, '_> {
             mean: span.span_mean(),
             decided_at: span.decided_at,
             combined,
+            probe,
             // An answer without a single content token (empty, or only punctuation) answered
             // nothing, however calm its tokens were.
             no_content: !span.trace.iter().any(|&(_, in_span)| in_span),
@@ -286,6 +351,7 @@ impl Run<'_, '_> {
             signals,
             grounding,
             combined,
+            probe,
         })
     }
 
@@ -337,6 +403,8 @@ impl Run<'_, '_> {
                     .filter(|h| !h.is_empty())
                     .collect::<Vec<_>>(),
             ),
+            probe_score: judged.probe.map(|p| p.score),
+            probe_threshold: judged.probe.map(|p| p.threshold),
             combined_p_wrong: judged.combined.map(|c| c.p_wrong),
             combined_threshold: judged.combined.map(|c| c.threshold),
             rag_answer: generated.text.trim().to_string(),
