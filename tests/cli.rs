@@ -831,3 +831,85 @@ fn ingests_killed_at_random_points_leave_the_old_or_the_new_corpus() {
     let change = engine.add_documents("demo", &[doc]).unwrap();
     assert_eq!(change.corpus.num_documents, num_docs + 20_000 + 1);
 }
+
+/// A `triage eval` run directory of `n` forced-RAG answers on `split`, every third wrong, whose
+/// grounding ("not verbatim") tells them apart.
+fn rag_run(dir: &std::path::Path, split: &str, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let wrong = i % 3 == 0;
+            let signals = serde_json::json!({"mean_entropy": 0.5, "span_mean_entropy": 0.5,
+                "max_entropy": 1.0, "mean_nll": 0.3, "mean_top2_margin": 2.0, "declined": false});
+            let grounding = serde_json::json!({"verbatim": if wrong { 0.0 } else { 1.0 },
+                "chunk_rank": 1.0, "chunk_score": 0.5, "chunk_margin": 0.1,
+                "unsupported_words": 0.0});
+            let tau = serde_json::json!({"tau": 0.6, "model": "m", "estimator": "full_softmax",
+                "unit": "nats", "window": 30});
+            let monitor = serde_json::json!({"tau": tau, "trace": [], "in_answer_span": [],
+                "mean": 0.5, "decided_at": null, "decision": "accept", "signals": signals,
+                "grounding": grounding, "combined_p_wrong": null, "combined_threshold": null,
+                "rag_answer": ""});
+            let decision = serde_json::json!({"path": "rag", "reason": "", "forced": true,
+                "estimated_costs": {}, "classifier": null, "gate": null, "retrieval": null,
+                "monitor": monitor, "stages": [], "cost": 0.0});
+            let score = serde_json::json!({"value": if wrong { 0.0 } else { 1.0 },
+                "correct": !wrong, "em": null, "f1": null});
+            serde_json::json!({"suite": "squad-v2", "split": split, "system": "rag",
+                "group": format!("g{}", i % 5), "example": format!("e{i}"), "question": "q?",
+                "kind": null, "depth": null, "golds": ["x"],
+                "answer": if wrong { "y" } else { "x" }, "score": score, "path": "rag",
+                "escalated": false, "prompt_tokens": 100, "cached_tokens": 0,
+                "completion_tokens": 4, "stages": [], "cost": 0.0, "ms": 1.0,
+                "rag_statistic": 0.5, "rag_mean_entropy": 0.5, "decision": decision})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("results.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn signals_studies_eval_runs_and_refuses_to_fit_on_test() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dev, test) = (dir.path().join("dev"), dir.path().join("test"));
+    rag_run(&dev, "dev", 30);
+    rag_run(&test, "test", 15);
+    let s = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let out = triage(&[
+        "signals",
+        "--train",
+        &s(&dev),
+        "--test",
+        &s(&test),
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let study: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(study["test_answers"], 15);
+    let not_verbatim = study["each"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "not_verbatim")
+        .unwrap();
+    assert_eq!(not_verbatim["auroc"], 1.0);
+    assert!(study["combined"].as_f64().unwrap() > 0.95, "{study}");
+    assert_clean_failure(
+        &triage(&["signals", "--train", &s(&test), "--test", &s(&test)]),
+        "fit on dev runs only",
+    );
+    assert_clean_failure(
+        &triage(&[
+            "signals",
+            "--train",
+            &s(&dir.path().join("none")),
+            "--test",
+            &s(&test),
+        ]),
+        "holds no results.jsonl",
+    );
+}
