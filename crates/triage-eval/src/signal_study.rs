@@ -6,8 +6,10 @@
 
 use serde::Serialize;
 use triage_types::auroc;
+use triage_types::linear::MassMeanProbe;
 use triage_types::linear::{FitError, LogisticModel};
 use triage_types::signals::{combined_inputs, COMBINED_INPUTS};
+use triage_types::ProbeStates;
 
 use crate::results::ResultRow;
 use crate::route_analysis::finite_or_lowest;
@@ -19,6 +21,8 @@ pub struct Labelled {
     pub suite: String,
     pub inputs: Vec<f32>,
     pub wrong: bool,
+    /// The residual stream the answer recorded, if any.
+    pub states: Option<ProbeStates>,
 }
 
 /// The `rag` rows that carry a monitor record.
@@ -37,6 +41,7 @@ pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
                     m.grounding.as_ref(),
                 ),
                 wrong: !r.score.correct,
+                states: m.probe.clone(),
             })
         })
         .collect()
@@ -71,6 +76,9 @@ pub struct Study {
     pub without: Vec<Named>,
     /// Per test suite, fitted on the train answers of the other suites only.
     pub leave_one_suite_out: Vec<Named>,
+    /// A mass-mean probe per recorded layer, at the last prompt token and over the first
+    /// answer tokens, fitted on the train answers' states and scored on the test answers'.
+    pub probes: Vec<Named>,
 }
 
 /// The study of `test` with combined scores fitted on `train` (never on `test`).
@@ -118,6 +126,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
     } else {
         Vec::new()
     };
+    let probes = probe_aurocs(train, test);
     Ok(Study {
         train_answers: train.len(),
         test_answers: test.len(),
@@ -126,7 +135,51 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         combined,
         without,
         leave_one_suite_out,
+        probes,
     })
+}
+
+/// Per layer the train answers recorded, and per place (last prompt token, first answer
+/// tokens): the probe fitted on train, its AUROC on test.
+fn probe_aurocs(train: &[Labelled], test: &[Labelled]) -> Vec<Named> {
+    let Some(layers) = train
+        .iter()
+        .find_map(|l| l.states.as_ref())
+        .map(|s| s.layers.clone())
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (at, &layer) in layers.iter().enumerate() {
+        for place in ["prompt", "answer"] {
+            let state = |l: &Labelled| -> Option<Vec<f32>> {
+                let s = l.states.as_ref().filter(|s| s.layers == layers)?;
+                let states = if place == "prompt" {
+                    &s.prompt
+                } else {
+                    &s.answer
+                };
+                states.get(at).cloned()
+            };
+            let fit: Vec<(Vec<f32>, bool)> = train
+                .iter()
+                .filter_map(|l| Some((state(l)?, l.wrong)))
+                .collect();
+            let refs: Vec<(&[f32], bool)> = fit.iter().map(|(s, w)| (s.as_slice(), *w)).collect();
+            let auroc = MassMeanProbe::fit(&refs).and_then(|probe| {
+                let (scores, labels): (Vec<f64>, Vec<bool>) = test
+                    .iter()
+                    .filter_map(|l| Some((probe.score(&state(l)?).ok()?, l.wrong)))
+                    .unzip();
+                auroc(&scores, &labels)
+            });
+            out.push(Named {
+                name: format!("layer {layer}, {place}"),
+                auroc,
+            });
+        }
+    }
+    out
 }
 
 /// AUROC on `test` of a logistic fitted on `train`'s `columns`; `None` when train holds one
@@ -169,6 +222,12 @@ pub fn markdown(s: &Study) -> String {
     for n in &s.without {
         out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
     }
+    if !s.probes.is_empty() {
+        out.push_str("\n| hidden-state probe (mass-mean) | AUROC |\n|---|---|\n");
+        for n in &s.probes {
+            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+        }
+    }
     if !s.leave_one_suite_out.is_empty() {
         out.push_str("\n| suite (fitted on the others) | AUROC |\n|---|---|\n");
         for n in &s.leave_one_suite_out {
@@ -182,9 +241,9 @@ pub fn markdown(s: &Study) -> String {
 mod tests {
     use super::*;
 
-    /// Answers of `suite` whose grounding ("not verbatim", input 15) tells wrong ones apart
-    /// when `grounded` says so; the other inputs are noise.
-    fn answers(suite: &str, n: usize, grounded: bool, seed: u64) -> Vec<Labelled> {
+    /// Answers of `suite` whose grounding ("not verbatim", input 15) is 1 for wrong answers
+    /// (`relation` 1), for right ones (−1) or noise (0); the other inputs are noise.
+    fn answers(suite: &str, n: usize, relation: i8, seed: u64) -> Vec<Labelled> {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         (0..n)
@@ -193,13 +252,23 @@ mod tests {
                 let mut inputs: Vec<f32> = (0..COMBINED_INPUTS.len())
                     .map(|_| rng.random_range(0.0..1.0))
                     .collect();
-                if grounded {
-                    inputs[15] = if wrong { 1.0 } else { 0.0 } + rng.random_range(-0.2..0.2);
+                let flag = |b: bool| f32::from(u8::from(b));
+                match relation {
+                    1 => inputs[15] = flag(wrong) + rng.random_range(-0.2..0.2),
+                    -1 => inputs[15] = flag(!wrong) + rng.random_range(-0.2..0.2),
+                    _ => {}
                 }
+                // Layer 4's prompt state carries the label; its answer state does not.
+                let states = ProbeStates {
+                    layers: vec![4],
+                    prompt: vec![vec![flag(wrong) + rng.random_range(-0.3..0.3); 3]],
+                    answer: vec![vec![rng.random_range(-1.0..1.0); 3]],
+                };
                 Labelled {
                     suite: suite.into(),
                     inputs,
                     wrong,
+                    states: Some(states),
                 }
             })
             .collect()
@@ -207,8 +276,8 @@ mod tests {
 
     #[test]
     fn the_signal_that_carries_the_label_stands_out_and_its_ablation_shows() {
-        let train = answers("squad-v2", 120, true, 1);
-        let test = answers("squad-v2", 60, true, 2);
+        let train = answers("squad-v2", 120, 1, 1);
+        let test = answers("squad-v2", 60, 1, 2);
         let s = study(&train, &test).unwrap();
         let alone = |name: &str| {
             s.each
@@ -232,17 +301,27 @@ mod tests {
         assert!(without("grounding") < 0.8, "{s:?}");
         assert!(without("sample agreement") > 0.95);
         assert!(s.leave_one_suite_out.is_empty());
+        let probe = |name: &str| {
+            s.probes
+                .iter()
+                .find(|n| n.name == name)
+                .unwrap()
+                .auroc
+                .unwrap()
+        };
+        assert!(probe("layer 4, prompt") > 0.95, "{s:?}");
+        assert!((0.2..0.8).contains(&probe("layer 4, answer")), "{s:?}");
         assert!(markdown(&s).contains("| not_verbatim | 1.000 |"));
     }
 
     #[test]
     fn a_suite_is_scored_by_a_model_fitted_on_the_others_only() {
-        // kv-retrieval's answers are grounded-separable, hotpotqa's are noise; fitted on
-        // hotpotqa alone, kv-retrieval's score cannot have learned grounding.
-        let mut train = answers("kv-retrieval", 90, true, 3);
-        train.extend(answers("hotpotqa", 90, false, 4));
-        let mut test = answers("kv-retrieval", 60, true, 5);
-        test.extend(answers("hotpotqa", 60, false, 6));
+        // Grounding flags kv-retrieval's wrong answers and hotpotqa's right ones: a score
+        // fitted on one suite alone ranks the other's answers backwards.
+        let mut train = answers("kv-retrieval", 90, 1, 3);
+        train.extend(answers("hotpotqa", 90, -1, 4));
+        let mut test = answers("kv-retrieval", 60, 1, 5);
+        test.extend(answers("hotpotqa", 60, -1, 6));
         let s = study(&train, &test).unwrap();
         let lo = |suite: &str| {
             s.leave_one_suite_out
@@ -252,8 +331,8 @@ mod tests {
                 .auroc
                 .unwrap()
         };
-        assert!(lo("kv-retrieval") < 0.8, "{s:?}");
-        // Fitted with kv-retrieval in, the pooled score finds grounding.
-        assert!(s.combined.unwrap() > 0.7, "{s:?}");
+        assert!(lo("kv-retrieval") < 0.3, "{s:?}");
+        assert!(lo("hotpotqa") < 0.3, "{s:?}");
+        assert_eq!(s.leave_one_suite_out.len(), 2);
     }
 }
