@@ -19,6 +19,8 @@ use crate::system::System;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Labelled {
     pub suite: String,
+    /// The example's sub-population ("answerable", "unanswerable", ...), when the suite has one.
+    pub kind: Option<String>,
     pub inputs: Vec<f32>,
     pub wrong: bool,
     /// The residual stream the answer recorded, if any.
@@ -34,6 +36,7 @@ pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
             let features = r.decision.retrieval.as_ref().and_then(|x| x.features);
             Some(Labelled {
                 suite: r.suite.clone(),
+                kind: r.kind.clone(),
                 inputs: combined_inputs(
                     &m.signals,
                     m.mean,
@@ -76,6 +79,8 @@ pub struct Study {
     pub without: Vec<Named>,
     /// Per test suite, fitted on the train answers of the other suites only.
     pub leave_one_suite_out: Vec<Named>,
+    /// The combined score on each kind of test answer (SQuAD's answerable and unanswerable).
+    pub by_kind: Vec<Named>,
     /// A mass-mean probe per recorded layer, at the last prompt token and over the first
     /// answer tokens, fitted on the train answers' states and scored on the test answers'.
     pub probes: Vec<Named>,
@@ -127,6 +132,27 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         Vec::new()
     };
     let probes = probe_aurocs(train, test);
+    let mut kinds: Vec<&str> = test.iter().filter_map(|l| l.kind.as_deref()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let by_kind = if kinds.len() > 1 {
+        kinds
+            .iter()
+            .map(|k| {
+                let own: Vec<Labelled> = test
+                    .iter()
+                    .filter(|l| l.kind.as_deref() == Some(*k))
+                    .cloned()
+                    .collect();
+                Ok(Named {
+                    name: (*k).to_string(),
+                    auroc: fitted_auroc(train, &own, &all)?,
+                })
+            })
+            .collect::<Result<_, FitError>>()?
+    } else {
+        Vec::new()
+    };
     Ok(Study {
         train_answers: train.len(),
         test_answers: test.len(),
@@ -135,6 +161,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         combined,
         without,
         leave_one_suite_out,
+        by_kind,
         probes,
     })
 }
@@ -222,6 +249,12 @@ pub fn markdown(s: &Study) -> String {
     for n in &s.without {
         out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
     }
+    if !s.by_kind.is_empty() {
+        out.push_str("\n| combined score, by kind of answer | AUROC |\n|---|---|\n");
+        for n in &s.by_kind {
+            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+        }
+    }
     if !s.probes.is_empty() {
         out.push_str("\n| hidden-state probe (mass-mean) | AUROC |\n|---|---|\n");
         for n in &s.probes {
@@ -266,6 +299,14 @@ mod tests {
                 };
                 Labelled {
                     suite: suite.into(),
+                    kind: Some(
+                        if i % 2 == 0 {
+                            "answerable"
+                        } else {
+                            "unanswerable"
+                        }
+                        .into(),
+                    ),
                     inputs,
                     wrong,
                     states: Some(states),
@@ -301,6 +342,10 @@ mod tests {
         assert!(without("grounding") < 0.8, "{s:?}");
         assert!(without("sample agreement") > 0.95);
         assert!(s.leave_one_suite_out.is_empty());
+        // Grounding tells both kinds apart, so the score does on each.
+        assert_eq!(s.by_kind.len(), 2);
+        assert!(s.by_kind.iter().all(|n| n.auroc.unwrap() > 0.95), "{s:?}");
+        assert!(markdown(&s).contains("| unanswerable |"));
         let probe = |name: &str| {
             s.probes
                 .iter()
