@@ -233,41 +233,34 @@ fn fitted_auroc(
 
 /// The study as Markdown tables.
 pub fn markdown(s: &Study) -> String {
-    let auroc = |a: Option<f64>| a.map_or("–".to_string(), |a| format!("{a:.3}"));
     let mut out = format!(
         "{} test answers ({:.1}% wrong), combined score fitted on {} train answers.\n\n\
-         **Combined score: AUROC {}** for a wrong RAG answer.\n\n| signal alone | AUROC |\n|---|---|\n",
+         **Combined score: AUROC {}** for a wrong RAG answer.\n",
         s.test_answers,
         100.0 * s.test_error_rate,
         s.train_answers,
-        auroc(s.combined)
+        auroc_text(s.combined)
     );
-    for n in &s.each {
-        out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
-    }
-    out.push_str("\n| combined score | AUROC |\n|---|---|\n");
-    for n in &s.without {
-        out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
-    }
-    if !s.by_kind.is_empty() {
-        out.push_str("\n| combined score, by kind of answer | AUROC |\n|---|---|\n");
-        for n in &s.by_kind {
-            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+    for (header, rows) in [
+        ("signal alone", &s.each),
+        ("combined score", &s.without),
+        ("combined score, by kind of answer", &s.by_kind),
+        ("hidden-state probe (mass-mean)", &s.probes),
+        ("suite (fitted on the others)", &s.leave_one_suite_out),
+    ] {
+        if rows.is_empty() {
+            continue;
         }
-    }
-    if !s.probes.is_empty() {
-        out.push_str("\n| hidden-state probe (mass-mean) | AUROC |\n|---|---|\n");
-        for n in &s.probes {
-            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
-        }
-    }
-    if !s.leave_one_suite_out.is_empty() {
-        out.push_str("\n| suite (fitted on the others) | AUROC |\n|---|---|\n");
-        for n in &s.leave_one_suite_out {
-            out.push_str(&format!("| {} | {} |\n", n.name, auroc(n.auroc)));
+        out.push_str(&format!("\n| {header} | AUROC |\n|---|---|\n"));
+        for n in rows {
+            out.push_str(&format!("| {} | {} |\n", n.name, auroc_text(n.auroc)));
         }
     }
     out
+}
+
+fn auroc_text(a: Option<f64>) -> String {
+    a.map_or("–".to_string(), |a| format!("{a:.3}"))
 }
 
 #[cfg(test)]
