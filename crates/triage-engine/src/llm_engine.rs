@@ -106,8 +106,6 @@ struct SeqState {
     ignore_eos: bool,
     stop_token_ids: Vec<u32>,
     score_token_ids: Vec<u32>,
-    hidden_layers: Vec<usize>,
-    hidden_steps: usize,
     prompt_tokens: usize,
     completion_tokens: usize,
     tx: Box<dyn EventSink>,
@@ -116,11 +114,7 @@ struct SeqState {
 impl SeqState {
     /// The layers whose state this step's token returns.
     fn hidden_now(&self) -> &[usize] {
-        if self.completion_tokens < self.hidden_steps {
-            &self.hidden_layers
-        } else {
-            &[]
-        }
+        crate::generate::hidden_layers(self.sampler.params(), self.completion_tokens)
     }
 }
 
@@ -274,8 +268,6 @@ impl LlmEngine {
             ignore_eos: params.ignore_eos,
             stop_token_ids: params.stop_token_ids.clone(),
             score_token_ids: params.score_token_ids.clone(),
-            hidden_layers: params.hidden_layers.clone(),
-            hidden_steps: params.hidden_steps,
             prompt_tokens: prompt.len(),
             completion_tokens: 0,
             tx: sink,

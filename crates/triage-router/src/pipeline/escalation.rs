@@ -21,6 +21,12 @@ pub(super) struct ProbeVerdict {
     pub threshold: f64,
 }
 
+impl ProbeVerdict {
+    pub fn escalates(&self) -> bool {
+        self.score > self.threshold
+    }
+}
+
 /// Where an answer that should not stand can go.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Fallback {
@@ -70,7 +76,7 @@ pub(super) struct Verdict {
 /// entropy was.
 pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     let combined_escalates = s.combined.is_some_and(|c| c.p_wrong >= c.threshold);
-    let probe_escalates = s.probe.is_some_and(|p| p.score > p.threshold);
+    let probe_escalates = s.probe.is_some_and(|p| p.escalates());
     let accepted = s.monitor == Decision::Accept
         && !combined_escalates
         && !probe_escalates
@@ -103,7 +109,7 @@ pub(super) fn decide(s: &EscalationSignals) -> Verdict {
 
 /// Why an answer that was not accepted should escalate, the strongest signal first.
 fn why(s: &EscalationSignals) -> String {
-    if let Some(p) = s.probe.filter(|p| p.score > p.threshold) {
+    if let Some(p) = s.probe.filter(ProbeVerdict::escalates) {
         format!(
             "the hidden-state probe scored {:.3} > {:.3} at the last prompt token",
             p.score, p.threshold

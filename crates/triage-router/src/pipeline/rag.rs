@@ -72,7 +72,7 @@ impl Run<'_, '_> {
         let (generated, hold, probed) =
             self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
         // An answer the probe already escalated needs no samples.
-        let agreement = if probed.is_some_and(|p| p.score > p.threshold) && can_escalate {
+        let agreement = if probed.is_some_and(|p| p.escalates()) && can_escalate {
             f32::NAN
         } else {
             self.sample_agreement(&request, &generated)?
