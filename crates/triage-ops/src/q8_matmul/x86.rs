@@ -37,8 +37,8 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
     let na = a.tile_rows(tile);
     // Per group and row, the kernel writes 16 lanes of the row's output.
     let gw = match (kernel, na) {
-        (Q8Kernel::Avx512Vnni, 1) => groups_left.min(4),
-        (Q8Kernel::Avx512Vnni, 2 | 3) => groups_left.min(2),
+        (Q8Kernel::Avx512Vnni | Q8Kernel::Avx2, 1) => groups_left.min(4),
+        (Q8Kernel::Avx512Vnni, 2 | 3) | (Q8Kernel::Avx2, 2) => groups_left.min(2),
         _ => 1,
     }
     .min(SPAN_GROUPS - group % SPAN_GROUPS);
@@ -73,7 +73,15 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
                 }
             }
             Q8Kernel::AvxVnni => halves(Half::AvxVnni, w, group, a, tile, out, out_stride),
-            _ => halves(Half::Avx2, w, group, a, tile, out, out_stride),
+            _ => match (gw, na) {
+                (4, 1) => avx2::tile::<4, 1>(w, group, a, tile, out, out_stride),
+                (3, 1) => avx2::tile::<3, 1>(w, group, a, tile, out, out_stride),
+                (2, 1) => avx2::tile::<2, 1>(w, group, a, tile, out, out_stride),
+                (1, 1) => avx2::tile::<1, 1>(w, group, a, tile, out, out_stride),
+                (2, 2) => avx2::tile::<2, 2>(w, group, a, tile, out, out_stride),
+                (1, 2) => avx2::tile::<1, 2>(w, group, a, tile, out, out_stride),
+                _ => halves(Half::Avx2, w, group, a, tile, out, out_stride),
+            },
         }
     }
     gw
@@ -272,6 +280,84 @@ mod avx512 {
     }
 }
 
+/// AVX2's products of one step: `acc` plus the 4-value dot products of the weights `w` (int8
+/// lanes of 8 rows) and the broadcast activation values `a`. `maddubs` multiplies unsigned by
+/// signed bytes, so |w| (as unsigned: a −128 from a file is 128) times a carrying w's sign; a pair
+/// of products is at most 2 · 128 · 127, inside int16 (activations never hold −128: GGML's
+/// rounding stays within ±127).
+macro_rules! dot_avx2 {
+    ($acc:expr, $w:expr, $a:expr) => {{
+        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8($w, $w), _mm256_sign_epi8($a, $w));
+        _mm256_add_epi32($acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }};
+}
+
+mod avx2 {
+    use super::*;
+
+    /// Weight groups `group..group + GW` against activation tile `tile`, which has `NA` rows
+    /// (`GW · NA ≤ 4`): a decode step's mat-vec. Group by group within a block, both halves of
+    /// a group at once, so the weights are read once, as the linear stream they are stored in,
+    /// prefetched into L2 as the 512-bit kernel does (`halves` read each group twice, a half
+    /// at a time, unprefetched: 11 GB/s against VNNI's 23 on the 0.5B, `ops_decode_stream`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; the groups exist in `w`, the tile has `NA` rows with `w.cols`
+    /// columns, and `out` holds `(NA - 1) · out_stride + GW · 16` values.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile<const GW: usize, const NA: usize>(
+        w: &Q8Matrix,
+        group: usize,
+        a: &Q8Rows,
+        tile: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let s = Start::new(w, group, a, tile);
+        debug_assert_eq!(s.na, NA);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; NA]; GW];
+        for b in 0..s.kb {
+            for g in 0..GW {
+                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK + g * NEXT_GROUP;
+                for line in 0..GROUP_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T1>(s.wq.wrapping_add(ahead + 64 * line));
+                }
+                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
+                _mm_prefetch::<_MM_HINT_T1>(s.ws.wrapping_add(ahead) as *const i8);
+                let mut dot = [[_mm256_setzero_si256(); 2]; NA];
+                for step in 0..BLOCK_STEPS {
+                    let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
+                    let lo = _mm256_loadu_si256(s.wq.add(at) as *const __m256i);
+                    let hi = _mm256_loadu_si256(s.wq.add(at + 32) as *const __m256i);
+                    for i in 0..NA {
+                        let av = _mm256_set1_epi32(four(s.aq, NA, b, step, i));
+                        dot[i][0] = dot_avx2!(dot[i][0], lo, av);
+                        dot[i][1] = dot_avx2!(dot[i][1], hi, av);
+                    }
+                }
+                let at = b * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
+                for h in 0..2 {
+                    let ws = _mm256_loadu_ps(s.ws.add(at + 8 * h));
+                    for i in 0..NA {
+                        let d = _mm256_mul_ps(ws, _mm256_set1_ps(*s.as_.add(b * NA + i)));
+                        acc[g][i][h] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), d, acc[g][i][h]);
+                    }
+                }
+            }
+        }
+        for g in 0..GW {
+            for i in 0..NA {
+                for h in 0..2 {
+                    let at = i * out_stride + g * GROUP_ROWS + 8 * h;
+                    _mm256_storeu_ps(out.add(at), acc[g][i][h]);
+                }
+            }
+        }
+    }
+}
+
 /// The 256-bit kernels: half `half` of one weight group (8 rows) against `R` rows of an
 /// activation tile from row `i0` on. `$dot` adds one step's products of weights `w` and the
 /// broadcast activation values `a` to `acc`.
@@ -324,16 +410,11 @@ macro_rules! half_kernel {
     };
 }
 
-// AVX2: maddubs multiplies unsigned by signed bytes, so |w| (as unsigned: a −128 from a file is
-// 128) times a carrying w's sign; a pair of products is at most 2 · 128 · 127, inside int16
-// (activations never hold −128: GGML's rounding stays within ±127).
+// AVX2, for tiles of 3 or more activation rows (`dot_avx2!`).
 half_kernel!(
     half_avx2,
     "avx2,fma",
-    |acc, w, a| {
-        let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-    },
+    |acc, w, a| dot_avx2!(acc, w, a),
     false
 );
 
