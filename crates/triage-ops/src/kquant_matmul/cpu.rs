@@ -80,14 +80,14 @@ macro_rules! packed_tiles {
                 #[cfg(target_arch = "x86_64")]
                 #[allow(unsafe_code)]
                 let done = unsafe {
-                    use $module::x86::{tile_avx2, tile_vnni};
+                    use $module::x86::{row_avx2, tile_avx2, tile_vnni};
                     match (kernel, ta) {
                         (KQuantKernel::Avx512Vnni, 4) => tile_vnni::<4>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx2, _) => tile_avx2::<1>(w, t, act, c0, &mut out),
+                        (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, &mut out),
                         (KQuantKernel::Portable, _) => {}
                     }
                     kernel != KQuantKernel::Portable

@@ -152,8 +152,9 @@ fn a_stacked_product_is_its_parts_side_by_side() {
 #[test]
 fn extreme_blocks_do_not_saturate_any_kernel() {
     // Every weight at its largest magnitude (Q4_K 15 with scale and min 63; Q6_K −32 and 31 with
-    // scales −128 and 127) against activations at ±127: the largest int16 pair sums and int32
-    // lanes the kernels form.
+    // scales −128 and 127) against activations at ±127 (all +127, all −127, then mixed): the
+    // largest int16 pair sums and int32 lanes the kernels form, with the rows in a batch (tiles
+    // of several rows) and alone (the one-row decode kernels).
     let mut q4 = vec![0u8; blocks::Q4K_BYTES];
     q4[0..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
     q4[2..4].copy_from_slice(&half::f16::from_f32(0.02).to_le_bytes());
@@ -167,23 +168,31 @@ fn extreme_blocks_do_not_saturate_any_kernel() {
         *s = if i % 2 == 0 { 0x80 } else { 0x7F };
     }
     q6[208..].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
-    let x: Vec<f32> = (0..2 * QK_K)
-        .map(|i| if i % 5 < 2 { 1.0 } else { -1.0 })
+    let x: Vec<f32> = (0..3 * QK_K)
+        .map(|i| match i / QK_K {
+            0 => 1.0,
+            1 => -1.0,
+            _ if i % 5 < 2 => 1.0,
+            _ => -1.0,
+        })
         .collect();
-    let a = Q8KRows::quantize(2, QK_K, &x).unwrap();
+    let a = Q8KRows::quantize(3, QK_K, &x).unwrap();
     for (ty, block) in [(KQuantType::Q4K, q4), (KQuantType::Q6K, q6)] {
         let w = KQuantMatrix::from_ggml_bytes(ty, 1, QK_K, &block).unwrap();
         let (wf, af) = (w.dequantize(), a.dequantize());
         for &kernel in KQuantKernel::available() {
-            let out = kquant_matmul_quantized(&a, &w, kernel).unwrap();
-            for (row, got) in out.iter().enumerate() {
+            let batch = kquant_matmul_quantized(&a, &w, kernel).unwrap();
+            for row in 0..a.rows() {
+                let alone = kquant_matmul_quantized(&a.row(row), &w, kernel).unwrap();
                 let exact: f64 = (0..QK_K)
                     .map(|k| wf[k] as f64 * af[row * QK_K + k] as f64)
                     .sum();
-                assert!(
-                    (exact - *got as f64).abs() <= 1e-4 * (1.0 + exact.abs()),
-                    "{ty:?} {kernel:?}: {exact} vs {got}"
-                );
+                for got in [batch[row], alone[0]] {
+                    assert!(
+                        (exact - got as f64).abs() <= 1e-4 * (1.0 + exact.abs()),
+                        "{ty:?} {kernel:?} row {row}: {exact} vs {got}"
+                    );
+                }
             }
         }
     }

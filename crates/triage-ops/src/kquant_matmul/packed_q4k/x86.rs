@@ -158,3 +158,79 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
         }
     }
 }
+
+/// Row tile `t` against one activation row `c0` (a decode step's mat-vec), both 8-row halves at
+/// once so that the tile is read once, in order: `out[0][r]`. Within a sub-block the four
+/// groups' products add up in int16 before one `madd` by the scales (a sum of 8 `maddubs`
+/// pairs, each at most 2 · 15 · 127, stays inside int16), which forms the same `S1`.
+///
+/// # Safety
+/// As for `tile_avx2`, with `act` holding row `c0`.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn row_avx2(
+    w: &PackedQ4K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let m4 = _mm256_set1_epi8(0xF);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    // A loop, not unrolled, as in `tile_vnni`.
+    let sub_blocks = std::hint::black_box(8);
+    for b in 0..w.nb {
+        let tile = w.tile(t, b).as_ptr();
+        let q8 = act.quants.as_ptr().add((c0 * act.nb + b) * 256);
+        let mut s1 = [_mm256_setzero_si256(); 2];
+        for s in 0..sub_blocks {
+            let mut p = [_mm256_setzero_si256(); 2];
+            for g in 0..4 {
+                let at = QS_AT + (4 * s + g) * 64;
+                _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                let a_lo = _mm256_set1_epi32(group(q8.add(32 * s + 8 * g)));
+                let a_hi = _mm256_set1_epi32(group(q8.add(32 * s + 8 * g + 4)));
+                for h in 0..2 {
+                    let wv = _mm256_loadu_si256(tile.add(at + 32 * h) as *const __m256i);
+                    let lo = _mm256_and_si256(wv, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    let pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, a_lo),
+                        _mm256_maddubs_epi16(hi, a_hi),
+                    );
+                    p[h] = _mm256_add_epi16(p[h], pairs);
+                }
+            }
+            for h in 0..2 {
+                // Each row's scale in both int16 halves of its int32 lane (scales are 6 bits).
+                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i,
+                ));
+                let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+                s1[h] = _mm256_add_epi32(s1[h], _mm256_madd_epi16(p[h], sc));
+            }
+        }
+        let (ya, _, bsums) = act.block(c0, b);
+        let y = _mm256_set1_ps(ya);
+        for h in 0..2 {
+            let mut s2 = _mm256_setzero_si256();
+            for s in 0..8 {
+                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i
+                ));
+                let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+                s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
+            }
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
+            let dminv =
+                _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
+            let s1f = _mm256_cvtepi32_ps(s1[h]);
+            acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, y), s1f, acc[h]);
+            acc[h] = _mm256_fnmadd_ps(_mm256_mul_ps(dminv, y), _mm256_cvtepi32_ps(s2), acc[h]);
+        }
+    }
+    for h in 0..2 {
+        _mm256_storeu_ps(out[0].as_mut_ptr().add(8 * h), acc[h]);
+    }
+}

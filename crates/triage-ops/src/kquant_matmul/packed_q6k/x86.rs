@@ -160,3 +160,84 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
         }
     }
 }
+
+/// Row tile `t` against one activation row `c0` (a decode step's mat-vec), both 8-row halves at
+/// once so that the tile is read once, in order: `out[0][r]`. The high bits go to bits 4–5 with
+/// one shift and one mask each (`tile_avx2` shifts down, masks and shifts up).
+///
+/// # Safety
+/// As for `tile_avx2`, with `act` holding row `c0`.
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn row_avx2(
+    w: &PackedQ6K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    out: &mut [[f32; TILE_ROWS]; TILE_A],
+) {
+    let (m4, m_high) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 2];
+    for b in 0..w.nb {
+        let tile = w.tile(t, b).as_ptr();
+        let (ya, q8, bsums) = act.block(c0, b);
+        let q8 = q8.as_ptr();
+        let mut sum = [_mm256_setzero_si256(); 2];
+        for pair in 0..16 {
+            let qh_at = QH_AT + pair * 64;
+            _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + qh_at) as *const i8);
+            let mut p = [_mm256_setzero_si256(); 2];
+            for g in [2 * pair, 2 * pair + 1] {
+                let at = QL_AT + g * 64;
+                _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
+                let a_lo = _mm256_set1_epi32(group(q8.add(8 * g)));
+                let a_hi = _mm256_set1_epi32(group(q8.add(8 * g + 4)));
+                for h in 0..2 {
+                    let qh = _mm256_loadu_si256(tile.add(qh_at + 32 * h) as *const __m256i);
+                    let ql = _mm256_loadu_si256(tile.add(at + 32 * h) as *const __m256i);
+                    // The even group's 2-bit pairs sit at bits 0–1 and 2–3 of each byte, the
+                    // odd one's at 4–5 and 6–7; bits a 16-bit shift carries across bytes are
+                    // masked off.
+                    let (high_lo, high_hi) = if g % 2 == 0 {
+                        (_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2))
+                    } else {
+                        (qh, _mm256_srli_epi16(qh, 2))
+                    };
+                    let lo = _mm256_or_si256(
+                        _mm256_and_si256(ql, m4),
+                        _mm256_and_si256(high_lo, m_high),
+                    );
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+                        _mm256_and_si256(high_hi, m_high),
+                    );
+                    // Pairs of products in int16: at most 2 · 63 · 127 each, twice, under
+                    // 32,767; then the row's four summed in int32.
+                    let pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, a_lo),
+                        _mm256_maddubs_epi16(hi, a_hi),
+                    );
+                    p[h] = _mm256_add_epi32(p[h], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            let centre = _mm256_set1_epi32(32 * bsums[pair] as i32);
+            for h in 0..2 {
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    tile.add(SCALES_AT + 16 * pair + 8 * h) as *const __m128i,
+                ));
+                let centred = _mm256_sub_epi32(p[h], centre);
+                sum[h] = _mm256_add_epi32(sum[h], _mm256_mullo_epi32(centred, sc));
+            }
+        }
+        let y = _mm256_set1_ps(ya);
+        for h in 0..2 {
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
+            acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, y), _mm256_cvtepi32_ps(sum[h]), acc[h]);
+        }
+    }
+    for h in 0..2 {
+        _mm256_storeu_ps(out[0].as_mut_ptr().add(8 * h), acc[h]);
+    }
+}
