@@ -56,7 +56,7 @@ pub(super) fn tiles(
 }
 
 /// Defines `$name`: row tile `t` (its first `num_w` rows) of a `$packed` matrix against `act`'s
-/// `num_a` rows, four at a time with AVX-512 VNNI, two with AVX2, one by one portably.
+/// `num_a` rows, four at a time with AVX-512 VNNI and AVX2, one by one portably.
 macro_rules! packed_tiles {
     ($name:ident, $packed:ty, $module:ident) => {
         fn $name(
@@ -69,8 +69,8 @@ macro_rules! packed_tiles {
             dst: &mut [f32],
         ) {
             let step = match kernel {
-                KQuantKernel::Avx512Vnni => TILE_A,
-                _ => 2,
+                KQuantKernel::Avx512Vnni | KQuantKernel::Avx2 => TILE_A,
+                KQuantKernel::Portable => 1,
             };
             for c0 in (0..num_a).step_by(step) {
                 let ta = step.min(num_a - c0);
@@ -86,6 +86,8 @@ macro_rules! packed_tiles {
                         (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, &mut out),
+                        (KQuantKernel::Avx2, 4) => tile_avx2::<4>(w, t, act, c0, &mut out),
+                        (KQuantKernel::Avx2, 3) => tile_avx2::<3>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, &mut out),
                         (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, &mut out),
                         (KQuantKernel::Portable, _) => {}

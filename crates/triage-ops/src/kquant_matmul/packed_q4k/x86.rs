@@ -1,6 +1,6 @@
 //! x86 kernels of the packed Q4_K layout: one row tile (16 rows) against `C` activation rows.
-//! AVX-512 VNNI: one `vpdpbusd` per 4 values of all 16 rows. AVX2: `maddubs` and `madd` per 4
-//! values of 8 rows, the tile in two halves. Both form the module's exact integer sums.
+//! AVX-512 VNNI: one `vpdpbusd` per 4 values of all 16 rows. AVX2: `maddubs` per 4 values of 8
+//! rows, summed in int16 over a sub-block. Both form the module's exact integer sums.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -83,8 +83,10 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
     }
 }
 
-/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 2`: AVX2 has 16 registers), one
-/// 8-row half at a time: `out[c][r]`.
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 4`), one 8-row half at a time:
+/// `out[c][r]`. As `row_avx2`, a sub-block's products add up in int16 before one `madd` by the
+/// scales; the f32 sums wait in `out` between super-blocks, so that the int sums of four rows
+/// fit AVX2's 16 registers.
 ///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; as for `tile_vnni` otherwise.
@@ -99,13 +101,15 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
     out: &mut [[f32; TILE_ROWS]; TILE_A],
 ) {
     let m4 = _mm256_set1_epi8(0xF);
-    let ones = _mm256_set1_epi16(1);
+    let sub_blocks = std::hint::black_box(8);
     for h in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
+        for c in 0..C {
+            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * h), _mm256_setzero_ps());
+        }
         for b in 0..w.nb {
             let tile = w.tile(t, b).as_ptr();
             let mut s1 = [_mm256_setzero_si256(); C];
-            for s in 0..8 {
+            for s in 0..sub_blocks {
                 let mut p = [_mm256_setzero_si256(); C];
                 for g in 0..4 {
                     let at = QS_AT + (4 * s + g) * 64 + 32 * h;
@@ -118,20 +122,19 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                             .quants
                             .as_ptr()
                             .add(((c0 + c) * act.nb + b) * 256 + 32 * s + 8 * g);
-                        // Pairs of products in int16 (at most 2 · 15 · 127 each, twice), then
-                        // the row's four summed in int32.
                         let pairs = _mm256_add_epi16(
                             _mm256_maddubs_epi16(lo, _mm256_set1_epi32(group(q8))),
                             _mm256_maddubs_epi16(hi, _mm256_set1_epi32(group(q8.add(4)))),
                         );
-                        p[c] = _mm256_add_epi32(p[c], _mm256_madd_epi16(pairs, ones));
+                        p[c] = _mm256_add_epi16(p[c], pairs);
                     }
                 }
                 let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
                     tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i,
                 ));
+                let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
                 for c in 0..C {
-                    s1[c] = _mm256_add_epi32(s1[c], _mm256_mullo_epi32(p[c], sc));
+                    s1[c] = _mm256_add_epi32(s1[c], _mm256_madd_epi16(p[c], sc));
                 }
             }
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
@@ -139,24 +142,34 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                 _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
             for c in 0..C {
                 let (ya, _, bsums) = act.block(c0 + c, b);
-                let mut s2 = _mm256_setzero_si256();
-                for s in 0..8 {
-                    let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                        tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i,
-                    ));
-                    let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
-                    s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
-                }
+                let s2 = mins_avx2(tile, h, bsums);
                 let y = _mm256_set1_ps(ya);
-                let s1f = _mm256_cvtepi32_ps(s1[c]);
-                acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(dv, y), s1f, acc[c]);
-                acc[c] = _mm256_fnmadd_ps(_mm256_mul_ps(dminv, y), _mm256_cvtepi32_ps(s2), acc[c]);
+                let o = out[c].as_mut_ptr().add(8 * h);
+                let mut acc = _mm256_loadu_ps(o);
+                acc = _mm256_fmadd_ps(_mm256_mul_ps(dv, y), _mm256_cvtepi32_ps(s1[c]), acc);
+                acc = _mm256_fnmadd_ps(_mm256_mul_ps(dminv, y), _mm256_cvtepi32_ps(s2), acc);
+                _mm256_storeu_ps(o, acc);
             }
         }
-        for c in 0..C {
-            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * h), acc[c]);
-        }
     }
+}
+
+/// `S2` of rows `8·h..8·h + 8` of a tile: `Σ_s min_s · Σ a` over the 8 sub-blocks.
+///
+/// # Safety
+/// The CPU supports AVX2; `tile` is a tile and `h < 2`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mins_avx2(tile: *const u8, h: usize, bsums: &[i16]) -> __m256i {
+    let mut s2 = _mm256_setzero_si256();
+    for s in 0..8 {
+        let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i
+        ));
+        let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+        s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
+    }
+    s2
 }
 
 /// Row tile `t` against one activation row `c0` (a decode step's mat-vec), both 8-row halves at
@@ -214,14 +227,7 @@ pub(in super::super) unsafe fn row_avx2(
         let (ya, _, bsums) = act.block(c0, b);
         let y = _mm256_set1_ps(ya);
         for h in 0..2 {
-            let mut s2 = _mm256_setzero_si256();
-            for s in 0..8 {
-                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i
-                ));
-                let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
-                s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
-            }
+            let s2 = mins_avx2(tile, h, bsums);
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
             let dminv =
                 _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));

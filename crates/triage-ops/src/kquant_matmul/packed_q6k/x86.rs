@@ -84,7 +84,9 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
     }
 }
 
-/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 2`), one 8-row half at a time.
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 4`), one 8-row half at a time:
+/// `out[c][r]`. The f32 sums wait in `out` between super-blocks, so that the int sums of four
+/// rows fit AVX2's 16 registers.
 ///
 /// # Safety
 /// The CPU supports AVX2, FMA and F16C; as for `tile_vnni` otherwise.
@@ -98,10 +100,11 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
     c0: usize,
     out: &mut [[f32; TILE_ROWS]; TILE_A],
 ) {
-    let (m4, m2) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(3));
     let ones = _mm256_set1_epi16(1);
     for half in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); C];
+        for c in 0..C {
+            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * half), _mm256_setzero_ps());
+        }
         for b in 0..w.nb {
             let tile = w.tile(t, b).as_ptr();
             let mut sum = [_mm256_setzero_si256(); C];
@@ -109,21 +112,11 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                 let qh =
                     _mm256_loadu_si256(tile.add(QH_AT + pair * 64 + 32 * half) as *const __m256i);
                 let mut p = [_mm256_setzero_si256(); C];
-                for h in 0..2 {
-                    let g = 2 * pair + h;
+                for g in [2 * pair, 2 * pair + 1] {
                     let at = QL_AT + g * 64 + 32 * half;
                     _mm_prefetch::<_MM_HINT_T1>(tile.wrapping_add(TILE_BYTES + at) as *const i8);
                     let ql = _mm256_loadu_si256(tile.add(at) as *const __m256i);
-                    let high = |shift: u32| {
-                        let h = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(shift as i32));
-                        _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)
-                    };
-                    let shift = 4 * h as u32;
-                    let lo = _mm256_or_si256(_mm256_and_si256(ql, m4), high(shift));
-                    let hi = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
-                        high(shift + 2),
-                    );
+                    let (lo, hi) = values_avx2(ql, qh, g);
                     for c in 0..C {
                         let q8 = act
                             .quants
@@ -152,18 +145,40 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
             for c in 0..C {
                 let (ya, _, _) = act.block(c0 + c, b);
                 let d = _mm256_mul_ps(dv, _mm256_set1_ps(ya));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[c]), acc[c]);
+                let o = out[c].as_mut_ptr().add(8 * half);
+                let acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum[c]), _mm256_loadu_ps(o));
+                _mm256_storeu_ps(o, acc);
             }
-        }
-        for c in 0..C {
-            _mm256_storeu_ps(out[c].as_mut_ptr().add(8 * half), acc[c]);
         }
     }
 }
 
+/// Group `g`'s 6-bit values of 8 rows, the first 4 of each row in `lo` and the last 4 in `hi`,
+/// from its low bits `ql` and its pair's high bits `qh`. The even group's 2-bit pairs sit at
+/// bits 0–1 and 2–3 of each `qh` byte, the odd one's at 4–5 and 6–7: one shift and one mask put
+/// each at bits 4–5 (bits a 16-bit shift carries across bytes are masked off).
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn values_avx2(ql: __m256i, qh: __m256i, g: usize) -> (__m256i, __m256i) {
+    let (m4, m_high) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
+    let (high_lo, high_hi) = if g % 2 == 0 {
+        (_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2))
+    } else {
+        (qh, _mm256_srli_epi16(qh, 2))
+    };
+    let lo = _mm256_or_si256(_mm256_and_si256(ql, m4), _mm256_and_si256(high_lo, m_high));
+    let hi = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+        _mm256_and_si256(high_hi, m_high),
+    );
+    (lo, hi)
+}
+
 /// Row tile `t` against one activation row `c0` (a decode step's mat-vec), both 8-row halves at
-/// once so that the tile is read once, in order: `out[0][r]`. The high bits go to bits 4–5 with
-/// one shift and one mask each (`tile_avx2` shifts down, masks and shifts up).
+/// once so that the tile is read once, in order: `out[0][r]`.
 ///
 /// # Safety
 /// As for `tile_avx2`, with `act` holding row `c0`.
@@ -177,7 +192,6 @@ pub(in super::super) unsafe fn row_avx2(
     c0: usize,
     out: &mut [[f32; TILE_ROWS]; TILE_A],
 ) {
-    let (m4, m_high) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); 2];
     for b in 0..w.nb {
@@ -197,22 +211,7 @@ pub(in super::super) unsafe fn row_avx2(
                 for h in 0..2 {
                     let qh = _mm256_loadu_si256(tile.add(qh_at + 32 * h) as *const __m256i);
                     let ql = _mm256_loadu_si256(tile.add(at + 32 * h) as *const __m256i);
-                    // The even group's 2-bit pairs sit at bits 0–1 and 2–3 of each byte, the
-                    // odd one's at 4–5 and 6–7; bits a 16-bit shift carries across bytes are
-                    // masked off.
-                    let (high_lo, high_hi) = if g % 2 == 0 {
-                        (_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2))
-                    } else {
-                        (qh, _mm256_srli_epi16(qh, 2))
-                    };
-                    let lo = _mm256_or_si256(
-                        _mm256_and_si256(ql, m4),
-                        _mm256_and_si256(high_lo, m_high),
-                    );
-                    let hi = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
-                        _mm256_and_si256(high_hi, m_high),
-                    );
+                    let (lo, hi) = values_avx2(ql, qh, g);
                     // Pairs of products in int16: at most 2 · 63 · 127 each, twice, under
                     // 32,767; then the row's four summed in int32.
                     let pairs = _mm256_add_epi16(
