@@ -205,6 +205,22 @@ impl Start {
     }
 }
 
+impl Start {
+    /// Group `g`'s block `b + PREFETCH_BLOCKS` (quants and scales) into L2. A prefetch never
+    /// faults, so addresses past the matrix are harmless.
+    #[inline(always)]
+    fn prefetch_ahead(&self, b: usize, g: usize) {
+        let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK + g * NEXT_GROUP;
+        for line in 0..GROUP_BLOCK_BYTES / 64 {
+            // SAFETY: prefetching reads nothing a program can see, at any address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(self.wq.wrapping_add(ahead + 64 * line)) };
+        }
+        let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
+        // SAFETY: as above.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(self.ws.wrapping_add(ahead) as *const i8) };
+    }
+}
+
 /// Activation row `i`'s 4 values of step `step` of block `b`, as one int32.
 ///
 /// # Safety
@@ -245,12 +261,7 @@ mod avx512 {
                 for i in 0..NA {
                     dot[g][i] = _mm512_set1_epi32(*s.ao.add(b * NA + i));
                 }
-                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK + g * NEXT_GROUP;
-                for line in 0..GROUP_BLOCK_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T1>(s.wq.wrapping_add(ahead + 64 * line));
-                }
-                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
-                _mm_prefetch::<_MM_HINT_T1>(s.ws.wrapping_add(ahead) as *const i8);
+                s.prefetch_ahead(b, g);
             }
             for step in 0..BLOCK_STEPS {
                 for g in 0..GW {
@@ -319,12 +330,7 @@ mod avx2 {
         let mut acc = [[[_mm256_setzero_ps(); 2]; NA]; GW];
         for b in 0..s.kb {
             for g in 0..GW {
-                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK + g * NEXT_GROUP;
-                for line in 0..GROUP_BLOCK_BYTES / 64 {
-                    _mm_prefetch::<_MM_HINT_T1>(s.wq.wrapping_add(ahead + 64 * line));
-                }
-                let ahead = (b + PREFETCH_BLOCKS) * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
-                _mm_prefetch::<_MM_HINT_T1>(s.ws.wrapping_add(ahead) as *const i8);
+                s.prefetch_ahead(b, g);
                 let mut dot = [[_mm256_setzero_si256(); 2]; NA];
                 for step in 0..BLOCK_STEPS {
                     let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;

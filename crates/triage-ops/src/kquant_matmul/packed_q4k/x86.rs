@@ -83,9 +83,9 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
     }
 }
 
-/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 4`), one 8-row half at a time:
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 3`), one 8-row half at a time:
 /// `out[c][r]`. As `row_avx2`, a sub-block's products add up in int16 before one `madd` by the
-/// scales; the f32 sums wait in `out` between super-blocks, so that the int sums of four rows
+/// scales; the f32 sums wait in `out` between super-blocks, so that the int sums of three rows
 /// fit AVX2's 16 registers.
 ///
 /// # Safety

@@ -84,8 +84,8 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
     }
 }
 
-/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 4`), one 8-row half at a time:
-/// `out[c][r]`. The f32 sums wait in `out` between super-blocks, so that the int sums of four
+/// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 3`), one 8-row half at a time:
+/// `out[c][r]`. The f32 sums wait in `out` between super-blocks, so that the int sums of three
 /// rows fit AVX2's 16 registers.
 ///
 /// # Safety
@@ -164,7 +164,7 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
 #[target_feature(enable = "avx2")]
 unsafe fn values_avx2(ql: __m256i, qh: __m256i, g: usize) -> (__m256i, __m256i) {
     let (m4, m_high) = (_mm256_set1_epi8(0xF), _mm256_set1_epi8(0x30));
-    let (high_lo, high_hi) = if g % 2 == 0 {
+    let (high_lo, high_hi) = if g.is_multiple_of(2) {
         (_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2))
     } else {
         (qh, _mm256_srli_epi16(qh, 2))
