@@ -203,9 +203,7 @@ impl Start {
             na: a.tile_rows(tile),
         }
     }
-}
 
-impl Start {
     /// Group `g`'s block `b + PREFETCH_BLOCKS` (quants and scales) into L2. A prefetch never
     /// faults, so addresses past the matrix are harmless.
     #[inline(always)]
