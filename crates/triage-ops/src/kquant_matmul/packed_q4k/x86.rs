@@ -129,10 +129,7 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
                         p[c] = _mm256_add_epi16(p[c], pairs);
                     }
                 }
-                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i,
-                ));
-                let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
+                let sc = scale_pairs_avx2(tile, s, h);
                 for c in 0..C {
                     s1[c] = _mm256_add_epi32(s1[c], _mm256_madd_epi16(p[c], sc));
                 }
@@ -152,6 +149,20 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
             }
         }
     }
+}
+
+/// Sub-block `s`'s scales of rows `8·h..8·h + 8`, each in both int16 halves of its int32 lane
+/// (scales are 6 bits), so that one `madd` of a row's int16 sums gives `scale · Σ q·a`.
+///
+/// # Safety
+/// The CPU supports AVX2; `tile` is a tile, `s < 8` and `h < 2`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_pairs_avx2(tile: *const u8, s: usize, h: usize) -> __m256i {
+    let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i
+    ));
+    _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16))
 }
 
 /// `S2` of rows `8·h..8·h + 8` of a tile: `Σ_s min_s · Σ a` over the 8 sub-blocks.
@@ -222,12 +233,8 @@ pub(in super::super) unsafe fn row_avx2(
                 }
             }
             for h in 0..2 {
-                // Each row's scale in both int16 halves of its int32 lane (scales are 6 bits).
-                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    tile.add(SCALES_AT + 16 * s + 8 * h) as *const __m128i,
-                ));
-                let sc = _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16));
-                s1[h] = _mm256_add_epi32(s1[h], _mm256_madd_epi16(p[h], sc));
+                s1[h] =
+                    _mm256_add_epi32(s1[h], _mm256_madd_epi16(p[h], scale_pairs_avx2(tile, s, h)));
             }
         }
         let (ya, _, bsums) = act.block(c0, b);
