@@ -238,11 +238,15 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
             ))
     });
     use triage_eval::calibrate::{Floor, Rule};
-    let rule = match (args.escalation_rate, args.min_accuracy, args.min_retained) {
-        (Some(rate), _, _) => Rule::EscalationRate(rate),
-        (None, Some(a), _) => Rule::Elbow(Floor::Accuracy(a)),
-        (None, None, Some(f)) => Rule::Elbow(Floor::Retained(f)),
-        (None, None, None) => Rule::Elbow(Floor::None),
+    let floor = match (args.min_accuracy, args.min_retained) {
+        (Some(a), _) => Floor::Accuracy(a),
+        (None, Some(f)) => Floor::Retained(f),
+        (None, None) => Floor::None,
+    };
+    let rule = match (args.escalation_rate, args.cheapest) {
+        (Some(rate), _) => Rule::EscalationRate(rate),
+        (None, true) => Rule::Cheapest(floor),
+        (None, false) => Rule::Elbow(floor),
     };
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
     let (chosen, calibration) = cli::eval::calibrate(&config, &args.out, rule)?;

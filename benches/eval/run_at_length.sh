@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Issue 22's runs at length, resumable (rerun it after an interruption: every finished answer is
 # kept). Per suite: forced RAG and forced long context on 100 dev questions with every signal
-# recorded (grounding, 5 samples, the residual stream of 4 layers of the 0.5B), τ calibrated on
-# them at ≥ 95 % of long context's accuracy, then rag, lc and auto (the calibrated routing) on
-# 300 test questions, each with its report.md. Hours per suite on 2 CPU cores: run it in the
-# background. Usage: benches/eval/run_at_length.sh [SUITE ...]
+# recorded (grounding, 5 samples, the residual stream of 4 layers of the 0.5B); the cheapest τ
+# that keeps ≥ 95 % of long context's accuracy on them (the frozen operating point); then rag, lc
+# and auto (the calibrated routing) on 300 test questions, each with its report.md. Hours per
+# suite on 2 CPU cores: run it in the background. Usage: benches/eval/run_at_length.sh [SUITE ...]
 #   TRIAGE_BIN (default target/release/triage), OUT (default ~/.cache/triage/eval16k),
 #   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300).
 set -euo pipefail
@@ -21,7 +21,7 @@ printf '[routing.monitor]\n%s\n' "$SIGNALS" > "$OUT/signals.toml"
 for suite in $SUITES; do
     echo "== $suite: dev ($DEV questions at $TOKENS tokens), $(date -u +%FT%TZ)"
     "$BIN" calibrate --suite "$suite" --context-tokens "$TOKENS" --limit "$DEV" --quiet \
-        --config "$OUT/signals.toml" --runs "$OUT/$suite-$TOKENS-dev" --min-retained 0.95 \
+        --config "$OUT/signals.toml" --runs "$OUT/$suite-$TOKENS-dev" --min-retained 0.95 --cheapest \
         --out "$OUT/$suite-$TOKENS-calibrated.toml"
     # The test run records the same signals under the calibrated τ.
     awk -v signals="$SIGNALS" '{ print } /^\[routing\.monitor\]$/ { print signals }' \

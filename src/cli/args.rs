@@ -136,6 +136,10 @@ pub struct CalibrateArgs {
     /// The same, as a fraction of long context's accuracy.
     #[arg(long)]
     pub min_retained: Option<f64>,
+    /// Take the cheapest τ meeting the floor (--min-accuracy or --min-retained) even where the
+    /// elbow is above it: the frozen operating point of a "≥ x % of LC's accuracy" headline.
+    #[arg(long, conflicts_with = "escalation_rate")]
+    pub cheapest: bool,
     /// Instead of the elbow, the τ escalating at most this share of the dev answers (the
     /// statistic's quantile at one minus it).
     #[arg(long, conflicts_with_all = ["min_accuracy", "min_retained"])]

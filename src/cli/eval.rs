@@ -339,7 +339,7 @@ fn check_manifest(dir: &Path, manifest: &serde_json::Value) -> Result<()> {
         .as_object()
         .into_iter()
         .flatten()
-        .filter(|(k, v)| old.get(k.as_str()) != Some(v))
+        .filter(|(k, v)| !same_setting(old.get(k.as_str()), v))
         .map(|(k, v)| {
             let was = old
                 .get(k.as_str())
@@ -355,6 +355,19 @@ fn check_manifest(dir: &Path, manifest: &serde_json::Value) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether a recorded setting equals the current one, where a key the record lacks counts as
+/// null: a setting added since (an optional one, off by default) leaves older runs resumable.
+fn same_setting(old: Option<&serde_json::Value>, new: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (old.unwrap_or(&Value::Null), new) {
+        (Value::Object(o), Value::Object(n)) => o
+            .keys()
+            .chain(n.keys())
+            .all(|k| same_setting(o.get(k), n.get(k).unwrap_or(&Value::Null))),
+        (o, n) => o == n,
+    }
 }
 
 /// The engine's name for the corpus being evaluated.

@@ -83,6 +83,15 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
         err.contains("holds a run with other settings (suite: \"kv-retrieval\" → \"passkey\")"),
         "{err}"
     );
+    // A run recorded before a setting existed resumes while that setting is off (null).
+    let manifest = out.join("run.json");
+    let recorded = std::fs::read_to_string(&manifest).unwrap();
+    let mut older: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    let monitor = older["routing"]["monitor"].as_object_mut().unwrap();
+    assert_eq!(monitor.remove("probe"), Some(serde_json::Value::Null));
+    std::fs::write(&manifest, older.to_string()).unwrap();
+    eval::run(&config).unwrap();
+    assert_eq!(lines(&results), grown);
     // So is another τ: the answers already there were routed with the old one.
     let mut other = config.clone();
     other.config.routing.monitor.tau = 0.1;

@@ -3,7 +3,8 @@
 //! elbow of the accuracy–cost curve (where a lower τ's marginal accuracy gain falls below its
 //! marginal cost, priced at the exchange rate of going from RAG alone to RAG then LC for every
 //! query), and when an accuracy floor is set and the elbow misses it, the cheapest τ that meets
-//! it; or the τ that escalates a target share of the dev answers.
+//! it; the cheapest τ meeting a floor outright (the frozen operating point of a headline pair);
+//! or the τ that escalates a target share of the dev answers.
 
 use sha2::{Digest, Sha256};
 use triage_types::{Calibration, TauRecord};
@@ -29,6 +30,9 @@ pub enum Floor {
 pub enum Rule {
     /// The elbow, or the cheapest τ meeting the floor where the elbow misses it.
     Elbow(Floor),
+    /// The cheapest τ meeting the floor, whatever the elbow: "at least this much of long
+    /// context's accuracy for the fewest tokens".
+    Cheapest(Floor),
     /// The τ escalating the largest share of the dev answers not above this one (the
     /// statistic's quantile at one minus it).
     EscalationRate(f64),
@@ -64,6 +68,14 @@ pub fn choose(pairs: &[RagLcPair], rule: Rule) -> Result<Chosen> {
         .collect();
     let (at, rule) = match rule {
         Rule::Elbow(floor) => elbow_or_floor(pairs, &curve, floor, lc_accuracy)?,
+        Rule::Cheapest(floor) => match floor.min_accuracy(lc_accuracy) {
+            Some(a) => (cheapest_meeting(&curve, a, lc_accuracy)?, format!("cheapest τ with accuracy ≥ {a:.3}")),
+            None => {
+                return Err(EvalError::Invalid(
+                    "the cheapest τ needs an accuracy floor (a minimum accuracy or share of long context's)".into(),
+                ))
+            }
+        },
         Rule::EscalationRate(rate) => at_escalation_rate(&curve, rate)?,
     };
     Ok(Chosen {
@@ -77,6 +89,38 @@ pub fn choose(pairs: &[RagLcPair], rule: Rule) -> Result<Chosen> {
     })
 }
 
+impl Floor {
+    /// The accuracy this floor asks for, given long context's.
+    fn min_accuracy(self, lc_accuracy: f64) -> Option<f64> {
+        match self {
+            Floor::None => None,
+            Floor::Accuracy(a) => Some(a),
+            Floor::Retained(f) => Some(f * lc_accuracy),
+        }
+    }
+}
+
+/// The exchange rate the elbow prices cost at: accuracy per unit cost from never escalating to
+/// always. Where long context is no better than RAG that rate is not positive and would reward
+/// cost, so the rate runs from never to the most accurate point instead; where nothing beats
+/// RAG alone, cost is all there is and the rate is infinite (the elbow is the cheapest point).
+fn exchange_rate(pairs: &[RagLcPair], curve: &[SweepPoint]) -> f64 {
+    let never = point(pairs, f64::INFINITY);
+    let rate_to = |p: &SweepPoint| {
+        (p.mean_cost > never.mean_cost)
+            .then(|| (p.accuracy - never.accuracy) / (p.mean_cost - never.mean_cost))
+            .filter(|r| *r > 0.0)
+    };
+    let best = curve.iter().max_by(|x, y| {
+        x.accuracy
+            .total_cmp(&y.accuracy)
+            .then(y.mean_cost.total_cmp(&x.mean_cost))
+    });
+    rate_to(&point(pairs, f64::NEG_INFINITY))
+        .or_else(|| best.and_then(rate_to))
+        .unwrap_or(f64::INFINITY)
+}
+
 /// The elbow maximises accuracy − rate · cost (ties to the larger, cheaper τ); a floor it misses
 /// takes the cheapest point that meets it.
 fn elbow_or_floor(
@@ -85,14 +129,14 @@ fn elbow_or_floor(
     floor: Floor,
     lc_accuracy: f64,
 ) -> Result<(SweepPoint, String)> {
-    // The exchange rate: accuracy per unit cost from never to always escalating.
-    let (never, always) = (point(pairs, f64::INFINITY), point(pairs, f64::NEG_INFINITY));
-    let rate = if always.mean_cost > never.mean_cost {
-        (always.accuracy - never.accuracy) / (always.mean_cost - never.mean_cost)
-    } else {
-        0.0
+    let rate = exchange_rate(pairs, curve);
+    let value = |p: &SweepPoint| {
+        if rate.is_finite() {
+            p.accuracy - rate * p.mean_cost
+        } else {
+            -p.mean_cost
+        }
     };
-    let value = |p: &SweepPoint| p.accuracy - rate * p.mean_cost;
     let elbow = curve
         .iter()
         .rev()
@@ -102,47 +146,46 @@ fn elbow_or_floor(
         })
         .copied()
         .ok_or_else(|| EvalError::Invalid("no statistic to choose τ from".into()))?;
-    let min_accuracy = match floor {
-        Floor::None => None,
-        Floor::Accuracy(a) => Some(a),
-        Floor::Retained(f) => Some(f * lc_accuracy),
-    };
-    match min_accuracy {
-        Some(a) if elbow.accuracy + 1e-12 < a => {
-            let cheapest = curve
-                .iter()
-                .filter(|p| p.accuracy + 1e-12 >= a)
-                .min_by(|x, y| {
-                    x.mean_cost
-                        .total_cmp(&y.mean_cost)
-                        .then(y.tau.total_cmp(&x.tau))
-                })
-                .copied();
-            let Some(p) = cheapest else {
-                let best = curve
-                    .iter()
-                    .max_by(|x, y| x.accuracy.total_cmp(&y.accuracy))
-                    .copied()
-                    .unwrap_or(elbow);
-                return Err(EvalError::Invalid(format!(
-                    "no τ reaches accuracy {a:.3} on this dev set (best {:.3} at τ = {}, \
-                     {:.1}% escalated; long context alone {lc_accuracy:.3})",
-                    best.accuracy,
-                    best.tau,
-                    100.0 * best.escalation_rate
-                )));
-            };
-            Ok((
-                p,
-                format!(
-                    "cheapest τ with accuracy ≥ {a:.3} (the elbow has {:.3})",
-                    elbow.accuracy
-                ),
-            ))
-        }
+    match floor.min_accuracy(lc_accuracy) {
+        Some(a) if elbow.accuracy + 1e-12 < a => Ok((
+            cheapest_meeting(curve, a, lc_accuracy)?,
+            format!(
+                "cheapest τ with accuracy ≥ {a:.3} (the elbow has {:.3})",
+                elbow.accuracy
+            ),
+        )),
         Some(a) => Ok((elbow, format!("elbow (meets accuracy ≥ {a:.3})"))),
         None => Ok((elbow, "elbow".into())),
     }
+}
+
+/// The cheapest point with accuracy at least `a` (the larger τ of equals), or an error naming
+/// the best this dev set reaches.
+fn cheapest_meeting(curve: &[SweepPoint], a: f64, lc_accuracy: f64) -> Result<SweepPoint> {
+    let cheapest = curve
+        .iter()
+        .filter(|p| p.accuracy + 1e-12 >= a)
+        .min_by(|x, y| {
+            x.mean_cost
+                .total_cmp(&y.mean_cost)
+                .then(y.tau.total_cmp(&x.tau))
+        })
+        .copied();
+    cheapest.ok_or_else(|| {
+        match curve
+            .iter()
+            .max_by(|x, y| x.accuracy.total_cmp(&y.accuracy))
+        {
+            Some(best) => EvalError::Invalid(format!(
+                "no τ reaches accuracy {a:.3} on this dev set (best {:.3} at τ = {}, {:.1}% \
+             escalated; long context alone {lc_accuracy:.3})",
+                best.accuracy,
+                best.tau,
+                100.0 * best.escalation_rate
+            )),
+            None => EvalError::Invalid("no statistic to choose τ from".into()),
+        }
+    })
 }
 
 /// The point escalating the most without exceeding `rate` (the cheapest of equals).
@@ -326,6 +369,47 @@ mod tests {
             err.to_string().contains("no τ reaches accuracy 1.010"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn with_long_context_below_rag_the_elbow_does_not_buy_cost() {
+        // kv-retrieval at 16k: LC is right on fewer answers than RAG, so never→always loses
+        // accuracy, a negative exchange rate that once rewarded cost (75 % escalated there).
+        // Here RAG is wrong at the top four statistics (16..19); LC fixes 19, 18 and 16, misses
+        // 17, and is wrong on 10..15 where RAG is right: LC 0.65 against RAG 0.8.
+        let ps: Vec<RagLcPair> = (0..20)
+            .map(|i| pair(f64::from(i), i < 16, i < 10 || [16, 18, 19].contains(&i)))
+            .collect();
+        let c = choose(&ps, Rule::Elbow(Floor::None)).unwrap();
+        // Priced from never to the most accurate point (the top four, 0.95), the elbow is the
+        // top two: two fixes for two escalations, above that chord; the next two escalations
+        // buy one fix.
+        assert!((c.at.accuracy - 0.9).abs() < 1e-12, "{:?}", c.at);
+        assert!((c.at.escalation_rate - 0.1).abs() < 1e-12, "{:?}", c.at);
+        // Where escalating never helps, the elbow is not to escalate.
+        let hopeless: Vec<RagLcPair> = (0..20).map(|i| pair(f64::from(i), i < 16, i < 8)).collect();
+        let c = choose(&hopeless, Rule::Elbow(Floor::None)).unwrap();
+        assert_eq!(c.at.escalation_rate, 0.0, "{:?}", c.at);
+    }
+
+    #[test]
+    fn the_cheapest_rule_takes_the_cheapest_tau_over_the_floor_even_below_the_elbow() {
+        let ps = pairs();
+        // The elbow escalates all ten wrong answers (accuracy 1.0); 90 % of LC needs only the
+        // top eight.
+        let c = choose(&ps, Rule::Cheapest(Floor::Retained(0.9))).unwrap();
+        assert!((c.at.accuracy - 0.9).abs() < 1e-12, "{:?}", c.at);
+        assert!((c.at.escalation_rate - 0.4).abs() < 1e-12, "{:?}", c.at);
+        assert!(
+            c.rule.starts_with("cheapest τ with accuracy ≥ 0.900"),
+            "{}",
+            c.rule
+        );
+        // RAG alone meeting the floor escalates nothing.
+        let c = choose(&ps, Rule::Cheapest(Floor::Accuracy(0.5))).unwrap();
+        assert_eq!(c.at.escalation_rate, 0.0);
+        assert!(choose(&ps, Rule::Cheapest(Floor::None)).is_err());
+        assert!(choose(&ps, Rule::Cheapest(Floor::Retained(1.01))).is_err());
     }
 
     #[test]

@@ -438,6 +438,16 @@ fn opt(x: Option<f64>, digits: usize) -> String {
         .map_or("–".into(), |v| format!("{v:.digits$}"))
 }
 
+/// The APGR, or why there is none.
+fn apgr_text(r: &Report) -> String {
+    match r.apgr {
+        Some(v) => format!("{v:.3}"),
+        None => "none: long context does not score above RAG on these questions, so there is \
+                 no gap to recover"
+            .into(),
+    }
+}
+
 /// `report.md`.
 pub fn markdown(r: &Report) -> String {
     let mut s = format!(
@@ -564,7 +574,7 @@ pub fn markdown(r: &Report) -> String {
              the escalation rate; random 0.5): {}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
             a.area,
             a.random,
-            opt(r.apgr, 3)
+            apgr_text(r)
         ));
         for p in &r.sweep {
             s.push_str(&format!(

@@ -152,7 +152,9 @@ pub fn pgr(accuracy: f64, rag: f64, lc: f64) -> Option<f64> {
 /// RouteLLM's average PGR, as the area under PGR against the escalation rate over the quantile
 /// sweep: from RAG alone (no escalation, PGR 0) through every split to escalating everything
 /// (PGR 1). Escalating at random gives 0.5; a perfect signal, which escalates the answers LC
-/// fixes first, gives 1 − f/2 where f is their share (0.75 when LC fixes half).
+/// fixes first, gives 1 − f/2 where f is their share (0.75 when LC fixes half). `None` unless
+/// long context scores above RAG: with a negative gap, the better a signal finds the answers LC
+/// fixes, the more negative its PGR along the way, so the area would rank signals backwards.
 pub fn apgr(pairs: &[RagLcPair]) -> Option<f64> {
     if pairs.is_empty() {
         return None;
@@ -160,7 +162,9 @@ pub fn apgr(pairs: &[RagLcPair]) -> Option<f64> {
     let n = pairs.len() as f64;
     let rag = pairs.iter().map(|p| p.rag_value).sum::<f64>() / n;
     let lc = pairs.iter().map(|p| p.lc_value).sum::<f64>() / n;
-    pgr(lc, rag, lc)?;
+    if lc <= rag + 1e-12 {
+        return None;
+    }
     let mut points: Vec<(f64, f64)> = quantile_taus(pairs)
         .into_iter()
         .chain([f64::NEG_INFINITY])
@@ -335,6 +339,12 @@ pub(crate) mod tests {
         // A signal that cannot separate anything (one value) jumps from 0 to all: 0.5.
         let flat: Vec<RagLcPair> = (0..10).map(|i| pair(Some(1.0), i < 5, true)).collect();
         assert!((apgr(&flat).unwrap() - 0.5).abs() < 1e-9);
+        // LC below RAG: a perfect signal's PGR goes negative before it reaches 1, so there is
+        // no APGR to report.
+        let below: Vec<RagLcPair> = (0..10)
+            .map(|i| pair(Some(f64::from(i)), i < 8, i >= 8 || i < 4))
+            .collect();
+        assert_eq!(apgr(&below), None);
         // No gap, no APGR.
         let tie: Vec<RagLcPair> = (0..4)
             .map(|i| pair(Some(f64::from(i)), true, true))
