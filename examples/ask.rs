@@ -47,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         ..AskRequest::default()
     };
     let answer = engine.ask_stream(&request, |event| match event {
+        AnswerEvent::Corpus { generation } => eprintln!("[corpus normans@{generation}]"),
         AnswerEvent::Route(path) => eprintln!("[answering via {}]", path.as_str()),
         AnswerEvent::Delta(text) => print!("{text}"),
     })?;

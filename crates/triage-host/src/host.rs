@@ -216,11 +216,14 @@ impl<M: ModelAccess> Host<M> {
         let routing = &self.pipeline.config;
         self.models.with_cancellable_generator(cancelled, |g| {
             let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let generation = loaded.corpus.generation;
+            on_event(AnswerEvent::Corpus { generation });
             let view = loaded.view(&request.corpus);
             let mut answer =
                 self.pipeline
                     .ask(g, self.corpora.embedder(), &view, request, &mut on_event)?;
             answer.decision.unpinned_corpora = released;
+            answer.decision.corpus_generation = Some(generation);
             Ok(answer)
         })?
     }
@@ -235,6 +238,7 @@ impl<M: ModelAccess> Host<M> {
                 .pipeline
                 .plan(g, self.corpora.embedder(), &view, request)?;
             record.unpinned_corpora = released;
+            record.corpus_generation = Some(loaded.corpus.generation);
             Ok(record)
         })?
     }

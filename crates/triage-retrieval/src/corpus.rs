@@ -104,12 +104,24 @@ pub struct CorpusStore {
 #[derive(Debug)]
 pub struct Corpus {
     pub name: String,
+    /// The number of the stored generation this is (`gen-000042` is 42): a new one per change,
+    /// so `name@generation` names exactly these chunks.
+    pub generation: u64,
     manifest: Manifest,
     /// Chunk id → index into `manifest.chunks`.
     by_id: HashMap<String, usize>,
     vectors: Vec<Vec<f32>>,
     hnsw: HnswIndex,
     bm25: Bm25Index,
+}
+
+/// The number of a generation folder (`gen-000042` → 42).
+fn generation_number(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("gen-")?
+        .parse()
+        .ok()
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -261,6 +273,8 @@ impl CorpusStore {
             .collect();
         Ok(Corpus {
             name: name.to_string(),
+            generation: generation_number(&dir)
+                .ok_or_else(|| damaged(format!("{} is not a generation", dir.display())))?,
             manifest,
             by_id,
             vectors,
@@ -308,17 +322,7 @@ impl CorpusStore {
         };
         // Claim the next generation first: a crash from here on leaves only this folder behind.
         let live = self.current(name)?;
-        let number = live
-            .as_deref()
-            .and_then(|p| {
-                p.file_name()?
-                    .to_str()?
-                    .strip_prefix("gen-")?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .unwrap_or(0)
-            + 1;
+        let number = live.as_deref().and_then(generation_number).unwrap_or(0) + 1;
         let generation = format!("gen-{number:06}");
         let gen_dir = dir.join(&generation);
         if gen_dir.exists() {

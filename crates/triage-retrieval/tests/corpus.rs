@@ -151,6 +151,7 @@ fn reingesting_skips_unchanged_replaces_changed_and_deletes() {
     let still = std::fs::read_to_string(dir.path().join("corpora/c/CURRENT")).unwrap();
     assert_eq!(live, still);
     assert!(!dir.path().join("corpora/c/gen-000002").exists());
+    assert_eq!(store.open("c").unwrap().generation, 1);
     let mut changed = docs();
     changed[1].text = "Sourdough starters are living cultures.".into();
     let r = store
@@ -158,6 +159,8 @@ fn reingesting_skips_unchanged_replaces_changed_and_deletes() {
         .unwrap();
     assert_eq!((r.updated, r.chunks_embedded, r.chunks_total), (1, 1, 4));
     let corpus = store.open("c").unwrap();
+    // A change is a new generation: `c@2` names these chunks, `c@1` the old ones.
+    assert_eq!(corpus.generation, 2);
     let q = "sourdough cultures";
     let options = SearchOptions {
         mode: SearchMode::Bm25,

@@ -300,7 +300,7 @@ fn streamed_text(events: &[AnswerEvent]) -> String {
         .iter()
         .filter_map(|e| match e {
             AnswerEvent::Delta(t) => Some(t.as_str()),
-            AnswerEvent::Route(_) => None,
+            AnswerEvent::Route(_) | AnswerEvent::Corpus { .. } => None,
         })
         .collect()
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{header, StatusCode, Uri};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::api_error::ApiError;
+use crate::corpus_header::CorpusKey;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
 use crate::guard;
 use crate::metrics::{Metrics, RequestLabels};
@@ -234,7 +235,12 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.metrics.render(&state.workers);
+    let prefixes = state
+        .routing
+        .as_ref()
+        .map(|r| r.resident_prefixes())
+        .unwrap_or_default();
+    let text = state.metrics.render(&state.workers, &prefixes);
     (
         [(
             header::CONTENT_TYPE,
@@ -265,13 +271,15 @@ async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Val
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request: ChatCompletionRequest = parse_body(body)?;
     if let Some(routing) = &state.routing {
         if request.common.model == routing.alias {
             let id = state.response_id("chatcmpl");
-            return routed::chat(state.clone(), request, id, unix_now()).await;
+            let key = CorpusKey::from_headers(&headers)?;
+            return routed::chat(state.clone(), request, key, id, unix_now()).await;
         }
     }
     state.worker(&request.common.model)?;
@@ -284,16 +292,28 @@ async fn chat_completions(
 
 async fn route(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::route(state, parse_body(body)?).await
+    let key = CorpusKey::from_headers(&headers)?;
+    routed::route(state, parse_body(body)?, key).await
 }
 
 async fn create_corpus(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::create_corpus(state, parse_body(body)?).await
+    let body: routed::CreateCorpus = parse_body(body)?;
+    same_corpus(&headers, &body.name)?;
+    routed::create_corpus(state, body).await
+}
+
+/// A request about corpus `name` whose `x-triage-corpus` header names another is refused: the
+/// gateway routed it by a key other than what it changes.
+fn same_corpus(headers: &HeaderMap, name: &str) -> Result<(), ApiError> {
+    let key = CorpusKey::from_headers(headers)?;
+    crate::corpus_header::corpus_name(key.as_ref(), Some(name)).map(|_| ())
 }
 
 /// The corpus name in the path, or a 400 in OpenAI's shape (not a bad percent-encoding's
@@ -305,18 +325,24 @@ pub(crate) fn corpus_name(path: Result<Path<String>, PathRejection>) -> Result<S
 
 async fn add_documents(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::add_documents(state, corpus_name(path)?, parse_body(body)?).await
+    let name = corpus_name(path)?;
+    same_corpus(&headers, &name)?;
+    routed::add_documents(state, name, parse_body(body)?).await
 }
 
 async fn delete_documents(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    routed::delete_documents(state, corpus_name(path)?, parse_body(body)?).await
+    let name = corpus_name(path)?;
+    same_corpus(&headers, &name)?;
+    routed::delete_documents(state, name, parse_body(body)?).await
 }
 
 async fn completions(

@@ -4,6 +4,7 @@
 
 pub mod api_error;
 pub mod app;
+pub mod corpus_header;
 pub mod error;
 pub mod generation;
 pub mod guard;

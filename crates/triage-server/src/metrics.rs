@@ -1,8 +1,11 @@
 //! `Metrics`: the Prometheus registry behind `GET /metrics` (prometheus-client, the Prometheus
 //! project's own Rust crate). Every name starts with `triage_`. Gauges of each engine (running,
-//! waiting, KV blocks) are read from its worker's counters at scrape time.
+//! waiting, KV blocks) are read from its worker's counters at scrape time, and so are the
+//! corpus prefixes resident. Gateways' schedulers read some of them under names they are told
+//! (`docs/deploy.md` maps them): the queue, running requests, KV-cache usage as a 0–1 gauge, the
+//! cache layout as an info metric with vLLM's label names, and the prefix tokens per corpus.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -25,6 +28,31 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+/// The cache layout, in the label names vLLM's `cache_config_info` uses (endpoint pickers read
+/// `block_size` and `num_gpu_blocks`; on a CPU the blocks are in host memory).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheConfigLabels {
+    model: String,
+    block_size: String,
+    num_gpu_blocks: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrefixLabels {
+    corpus: String,
+    generation: String,
+    model: String,
+}
+
+/// A corpus prefix resident in a model's KV cache, as `/metrics` reports it.
+#[derive(Debug, Clone)]
+pub struct ResidentPrefix {
+    pub corpus: String,
+    pub generation: u64,
+    pub model: String,
+    pub tokens: usize,
+}
+
 /// All of the server's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -40,6 +68,9 @@ pub struct Metrics {
     kv_blocks_used: Family<ModelLabels, Gauge>,
     kv_blocks_total: Family<ModelLabels, Gauge>,
     kv_blocks_pinned: Family<ModelLabels, Gauge>,
+    kv_cache_usage: Family<ModelLabels, Gauge<f64, AtomicU64>>,
+    cache_config: Family<CacheConfigLabels, Gauge>,
+    prefix_tokens: Family<PrefixLabels, Gauge>,
     abandoned: Family<ModelLabels, Gauge>,
 }
 
@@ -76,6 +107,9 @@ impl Default for Metrics {
             kv_blocks_used: Family::default(),
             kv_blocks_total: Family::default(),
             kv_blocks_pinned: Family::default(),
+            kv_cache_usage: Family::default(),
+            cache_config: Family::default(),
+            prefix_tokens: Family::default(),
             abandoned: Family::default(),
         };
         if let Ok(mut r) = m.registry.lock() {
@@ -140,6 +174,22 @@ impl Default for Metrics {
                 m.kv_blocks_pinned.clone(),
             );
             r.register(
+                "kv_cache_usage_perc",
+                "Fraction of KV blocks in use, pinned included (0 to 1)",
+                m.kv_cache_usage.clone(),
+            );
+            r.register(
+                "cache_config_info",
+                "The KV cache layout (labels block_size and num_gpu_blocks, as vLLM names them); \
+                 always 1",
+                m.cache_config.clone(),
+            );
+            r.register(
+                "prefix_tokens_resident",
+                "Tokens of each corpus prefix pinned in a model's KV cache (gone once released)",
+                m.prefix_tokens.clone(),
+            );
+            r.register(
                 "requests_abandoned",
                 "Requests cancelled because their client disconnected (since start)",
                 m.abandoned.clone(),
@@ -150,8 +200,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The text exposition, with engine gauges read now.
-    pub fn render(&self, workers: &[Arc<EngineWorker>]) -> String {
+    /// The text exposition, with engine gauges and the resident corpus prefixes read now.
+    pub fn render(&self, workers: &[Arc<EngineWorker>], prefixes: &[ResidentPrefix]) -> String {
+        // Held throughout, so two scrapes never interleave clearing and setting the families.
+        let Ok(registry) = self.registry.lock() else {
+            return String::new();
+        };
         for w in workers {
             let labels = ModelLabels {
                 model: w.name.clone(),
@@ -175,12 +229,35 @@ impl Metrics {
             self.abandoned
                 .get_or_create(&labels)
                 .set(get(&w.stats.abandoned));
+            let (used, total) = (get(&w.stats.blocks_used), get(&w.stats.blocks_total));
+            let usage = if total > 0 {
+                used as f64 / total as f64
+            } else {
+                0.0
+            };
+            self.kv_cache_usage.get_or_create(&labels).set(usage);
+            let layout = CacheConfigLabels {
+                model: w.name.clone(),
+                block_size: get(&w.stats.block_size).to_string(),
+                num_gpu_blocks: total.to_string(),
+            };
+            self.cache_config.get_or_create(&layout).set(1);
+        }
+        // Released and deleted corpora drop out: the family holds exactly what is resident.
+        self.prefix_tokens.clear();
+        for p in prefixes {
+            let labels = PrefixLabels {
+                corpus: p.corpus.clone(),
+                generation: p.generation.to_string(),
+                model: p.model.clone(),
+            };
+            self.prefix_tokens
+                .get_or_create(&labels)
+                .set(p.tokens as i64);
         }
         let mut text = String::new();
-        if let Ok(registry) = self.registry.lock() {
-            // Writing into a String cannot fail.
-            let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
         text
     }
 }

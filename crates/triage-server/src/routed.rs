@@ -23,19 +23,22 @@ use triage_router::{Answer, AnswerEvent, AskRequest, Route, RoutePath};
 
 use crate::api_error::ApiError;
 use crate::app::AppState;
+use crate::corpus_header::{self, with_corpus, CorpusKey};
 use crate::generation::Ticket;
 use crate::routing::RoutingService;
 use crate::wire::ChatCompletionRequest;
-use triage_host::HostError;
+use triage_host::{DocumentsChange, HostError};
 
 /// The response header naming the path that answered.
 pub const ROUTE_HEADER: &str = "x-triage-route";
 
-/// The `triage` object of a request: which corpus, and per-request overrides.
-#[derive(Debug, Clone, Deserialize)]
+/// The `triage` object of a request: which corpus (or the `x-triage-corpus` header's), and
+/// per-request overrides.
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TriageExtension {
-    pub corpus: String,
+    #[serde(default)]
+    pub corpus: Option<String>,
     #[serde(default)]
     pub route: Option<String>,
     #[serde(default)]
@@ -48,15 +51,20 @@ fn service(state: &AppState) -> Result<Arc<RoutingService>, ApiError> {
     })
 }
 
-fn extension(value: Option<&serde_json::Value>) -> Result<TriageExtension, ApiError> {
-    let value = value.ok_or_else(|| {
-        ApiError::invalid_param(
-            "triage",
-            "the pipeline needs a `triage` object naming the corpus: {\"corpus\": NAME}",
-        )
-    })?;
-    serde_json::from_value(value.clone())
-        .map_err(|e| ApiError::invalid_param("triage", format!("invalid `triage` object: {e}")))
+/// The body's `triage` object (none is an empty one) with its corpus resolved against the
+/// `x-triage-corpus` header.
+fn extension(
+    value: Option<&serde_json::Value>,
+    header: Option<&CorpusKey>,
+) -> Result<TriageExtension, ApiError> {
+    let mut ext: TriageExtension = match value {
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            ApiError::invalid_param("triage", format!("invalid `triage` object: {e}"))
+        })?,
+        None => TriageExtension::default(),
+    };
+    ext.corpus = Some(corpus_header::corpus_name(header, ext.corpus.as_deref())?);
+    Ok(ext)
 }
 
 fn ask_request(
@@ -64,6 +72,9 @@ fn ask_request(
     question: String,
     max_tokens: Option<usize>,
 ) -> Result<AskRequest, ApiError> {
+    let corpus = ext
+        .corpus
+        .ok_or_else(|| ApiError::invalid_param("triage", "the pipeline needs a corpus"))?;
     let route = match &ext.route {
         Some(r) => r
             .parse::<Route>()
@@ -83,7 +94,7 @@ fn ask_request(
         ));
     }
     Ok(AskRequest {
-        corpus: ext.corpus,
+        corpus,
         question,
         route,
         tau: ext.tau,
@@ -238,12 +249,13 @@ fn refuse_unhonoured(request: &ChatCompletionRequest) -> Result<(), ApiError> {
 pub async fn chat(
     state: Arc<AppState>,
     request: ChatCompletionRequest,
+    header: Option<CorpusKey>,
     id: String,
     created: u64,
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
     refuse_unhonoured(&request)?;
-    let ext = extension(request.triage.as_ref())?;
+    let ext = extension(request.triage.as_ref(), header.as_ref())?;
     let question = match request
         .messages
         .iter()
@@ -256,6 +268,7 @@ pub async fn chat(
     };
     let max_tokens = request.max_tokens();
     let ask = ask_request(ext, question, max_tokens)?;
+    let corpus = ask.corpus.clone();
     let model = service.alias.clone();
     let ticket = admit(&state, &service)?;
     let (mut rx, cancel) = spawn_ask(service, ask, ticket);
@@ -272,21 +285,29 @@ pub async fn chat(
                         "usage": usage_json(&answer),
                         "triage": triage_json(&answer),
                     });
-                    return Ok(with_route(Json(body).into_response(), answer.decision.path));
+                    let response = with_route(Json(body).into_response(), answer.decision.path);
+                    let generation = answer.decision.corpus_generation;
+                    return Ok(with_corpus(response, &corpus, generation));
                 }
                 None => return Err(ApiError::internal("the pipeline stopped without an answer")),
             }
         }
     }
-    // Streaming: wait for the path (or an error before it) so the header can carry it.
-    let path = match rx.recv().await {
-        Some(Message::Event(AnswerEvent::Route(path))) => path,
-        Some(Message::Done(result)) => {
-            let answer = (*result)?;
-            answer.decision.path
-        }
-        Some(Message::Event(AnswerEvent::Delta(_))) | None => {
-            return Err(ApiError::internal("the pipeline sent text before its path"))
+    // Streaming: wait for the corpus generation and the path (or an error before them) so the
+    // headers can carry them.
+    let mut generation = None;
+    let path = loop {
+        match rx.recv().await {
+            Some(Message::Event(AnswerEvent::Corpus { generation: g })) => generation = Some(g),
+            Some(Message::Event(AnswerEvent::Route(path))) => break path,
+            Some(Message::Done(result)) => {
+                let answer = (*result)?;
+                generation = answer.decision.corpus_generation;
+                break answer.decision.path;
+            }
+            Some(Message::Event(AnswerEvent::Delta(_))) | None => {
+                return Err(ApiError::internal("the pipeline sent text before its path"))
+            }
         }
     };
     let include_usage = request.common.include_usage();
@@ -311,7 +332,7 @@ pub async fn chat(
     let response = Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response();
-    Ok(with_route(response, path))
+    Ok(with_corpus(with_route(response, path), &corpus, generation))
 }
 
 type Chunk =
@@ -378,7 +399,8 @@ fn sse_stream(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteRequest {
-    pub corpus: String,
+    #[serde(default)]
+    pub corpus: Option<String>,
     pub question: String,
     #[serde(default)]
     pub route: Option<String>,
@@ -386,11 +408,16 @@ pub struct RouteRequest {
     pub tau: Option<f32>,
 }
 
-pub async fn route(state: Arc<AppState>, body: RouteRequest) -> Result<Response, ApiError> {
+pub async fn route(
+    state: Arc<AppState>,
+    body: RouteRequest,
+    header: Option<CorpusKey>,
+) -> Result<Response, ApiError> {
     let service = service(&state)?;
+    let corpus = corpus_header::corpus_name(header.as_ref(), body.corpus.as_deref())?;
     let ask = ask_request(
         TriageExtension {
-            corpus: body.corpus,
+            corpus: Some(corpus.clone()),
             route: body.route,
             tau: body.tau,
         },
@@ -406,8 +433,10 @@ pub async fn route(state: Arc<AppState>, body: RouteRequest) -> Result<Response,
     .await
     .map_err(|e| ApiError::internal(e.to_string()))??;
     let path = record.path;
+    let generation = record.corpus_generation;
     let body = json!({"object": "triage.route", "path": path, "route": record});
-    Ok(with_route(Json(body).into_response(), path))
+    let response = with_route(Json(body).into_response(), path);
+    Ok(with_corpus(response, &corpus, generation))
 }
 
 /// A document as clients send it.
@@ -463,11 +492,9 @@ pub async fn create_corpus(state: Arc<AppState>, body: CreateCorpus) -> Result<R
     let service = service(&state)?;
     let docs = documents(body.documents);
     let change = blocking(move || service.host.create_corpus(&body.name, &docs)).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"object": "corpus", "result": change})),
-    )
-        .into_response())
+    let mut response = change_response(&change);
+    *response.status_mut() = StatusCode::CREATED;
+    Ok(response)
 }
 
 pub async fn list_corpora(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
@@ -484,7 +511,7 @@ pub async fn add_documents(
     let service = service(&state)?;
     let docs = documents(body.documents);
     let change = blocking(move || service.host.add_documents(&name, &docs)).await?;
-    Ok(Json(json!({"object": "corpus", "result": change})).into_response())
+    Ok(change_response(&change))
 }
 
 /// `DELETE /v1/corpora/{name}`: the corpus and its pinned prefix are gone.
@@ -516,5 +543,11 @@ pub async fn delete_documents(
 ) -> Result<Response, ApiError> {
     let service = service(&state)?;
     let change = blocking(move || service.host.delete_documents(&name, &body.ids)).await?;
-    Ok(Json(json!({"object": "corpus", "result": change})).into_response())
+    Ok(change_response(&change))
+}
+
+/// A corpus change's response, with the header naming the generation now served.
+fn change_response(change: &DocumentsChange) -> Response {
+    let response = Json(json!({"object": "corpus", "result": change})).into_response();
+    with_corpus(response, &change.corpus.name, change.corpus.generation)
 }

@@ -17,6 +17,7 @@ use triage_models::model::Model;
 use triage_retrieval::BertEmbedder;
 use triage_router::{Generated, Generator, ModelRole, PinnedPrefix, RouterError, RoutingConfig};
 
+use crate::metrics::ResidentPrefix;
 use crate::worker::EngineWorker;
 
 /// The models of the pipeline, reached through their engine workers.
@@ -201,6 +202,8 @@ pub struct RoutingService {
     /// The workers playing its roles (a pipeline request takes a queue ticket on the base
     /// model's, and is refused while any of them has stopped).
     pub workers: Vec<Arc<EngineWorker>>,
+    /// The name of the model that pins corpus prefixes (the long-context role's).
+    long_context_model: Option<String>,
 }
 
 impl std::fmt::Debug for RoutingService {
@@ -231,11 +234,36 @@ impl RoutingService {
                 }
             }
         }
+        let long_context_model = models
+            .roles
+            .get(&ModelRole::LongContext)
+            .map(|w| w.name.clone());
         Ok(Self {
+            long_context_model,
             alias: alias.to_string(),
             host: Host::with_models(models, config, embedder, data_dir, prefix_dir)?,
             workers: roles,
         })
+    }
+
+    /// The corpus prefixes pinned now, for `/metrics`.
+    pub fn resident_prefixes(&self) -> Vec<ResidentPrefix> {
+        let (Some(model), Ok(corpora)) = (&self.long_context_model, self.host.list_corpora())
+        else {
+            return Vec::new();
+        };
+        corpora
+            .into_iter()
+            .filter(|c| c.prefix_pinned)
+            .filter_map(|c| {
+                Some(ResidentPrefix {
+                    generation: c.generation?,
+                    tokens: c.prefix_tokens?,
+                    corpus: c.name,
+                    model: model.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Bound the corpora clients may create over `/v1/corpora` and how large they may grow.

@@ -64,6 +64,8 @@ pub struct EngineStats {
     pub blocks_used: AtomicUsize,
     pub blocks_total: AtomicUsize,
     pub blocks_pinned: AtomicUsize,
+    /// Tokens per KV block.
+    pub block_size: AtomicUsize,
     /// Requests cancelled because their client went away.
     pub abandoned: AtomicUsize,
 }
@@ -249,6 +251,9 @@ fn publish(engine: &LlmEngine, stats: &EngineStats) {
     stats
         .blocks_pinned
         .store(pool.num_pinned(), Ordering::Relaxed);
+    stats
+        .block_size
+        .store(engine.scheduler().kv().block_size(), Ordering::Relaxed);
     stats
         .abandoned
         .store(engine.num_abandoned(), Ordering::Relaxed);

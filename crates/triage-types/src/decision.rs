@@ -204,6 +204,10 @@ pub struct DecisionRecord {
     /// pinned again when next asked).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unpinned_corpora: Vec<String>,
+    /// The stored generation of the corpus that answered (`name@generation` names its chunks
+    /// exactly), where the corpus came from a store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus_generation: Option<u64>,
 }
 
 impl DecisionRecord {
@@ -221,6 +225,7 @@ impl DecisionRecord {
             cost: 0.0,
             long_context_unavailable: None,
             unpinned_corpora: Vec::new(),
+            corpus_generation: None,
         }
     }
 

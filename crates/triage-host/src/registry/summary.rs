@@ -14,6 +14,8 @@ use super::{LoadedCorpus, PinState};
 #[derive(Debug, Clone, Serialize)]
 pub struct CorpusSummary {
     pub name: String,
+    /// The stored generation served (`name@generation`), when the corpus is loaded.
+    pub generation: Option<u64>,
     #[serde(rename = "documents")]
     pub num_documents: usize,
     #[serde(rename = "chunks")]
@@ -77,6 +79,7 @@ pub(super) fn summary(
 ) -> CorpusSummary {
     CorpusSummary {
         name: name.to_string(),
+        generation: Some(loaded.corpus.generation),
         num_documents: loaded.corpus.num_documents(),
         num_chunks: loaded.corpus.chunks().len(),
         prefix_tokens: loaded.long_context.as_ref().ok().map(|lc| lc.prefix.len()),
@@ -96,6 +99,7 @@ pub(super) fn summary(
 pub(super) fn not_loaded(name: &str) -> CorpusSummary {
     CorpusSummary {
         name: name.to_string(),
+        generation: None,
         num_documents: 0,
         num_chunks: 0,
         prefix_tokens: None,

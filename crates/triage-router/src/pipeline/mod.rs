@@ -86,6 +86,11 @@ pub struct Answer {
 /// RAG answer's text is held until the monitor accepts it, so nothing streamed is retracted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AnswerEvent {
+    /// The stored generation of the corpus about to answer, announced first by a host that
+    /// loads corpora from a store (the pipeline itself never sends it).
+    Corpus {
+        generation: u64,
+    },
     Route(RoutePath),
     Delta(String),
 }
