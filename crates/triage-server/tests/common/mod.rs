@@ -1,4 +1,6 @@
 //! A real listening server on a tiny random model, for the integration tests.
+// Each test binary (server, gateway) uses part of these helpers.
+#![allow(dead_code)]
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
