@@ -11,6 +11,7 @@ pub mod prefix_store;
 pub mod relevance;
 pub mod sampler;
 pub mod stop;
+pub mod weights_hash;
 
 pub use engine_set::EngineSet;
 pub use error::{EngineError, Result};

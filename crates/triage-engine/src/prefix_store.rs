@@ -1,6 +1,9 @@
 //! Persisted prefixes: the KV blocks of a pinned prefix saved as one safetensors file, keyed by
-//! the model's identity and a hash of the tokens. Loading checks the key, the exact tokens and a
-//! sha256 of the contents; any mismatch is a miss (recompute), never wrong output.
+//! the content hash of the model's weights, the KV dtype and layout, and a hash of the tokens,
+//! so replicas on other machines (sharing the directory) find each other's files and never
+//! overwrite a different prefix. A file is written once, under a temporary name first. Loading
+//! checks the key, the exact tokens and a sha256 of the contents; any mismatch is a miss
+//! (recompute), never wrong output.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,34 +13,39 @@ use sha2::{Digest, Sha256};
 
 use crate::{EngineError, Result};
 
-const FORMAT: &str = "triage-prefix-v1";
+const FORMAT: &str = "triage-prefix-v2";
 
-/// What a stored prefix must match to be used: the model, its cache layout and the tokens.
+/// What a stored prefix must match to be used: the weights, the cache layout and the tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixKey {
-    /// The model's name plus a fingerprint of its weights file and shapes.
-    pub model_id: String,
+    /// sha256 of the weights (`weights_hash::weights_sha256`).
+    pub weights_sha256: String,
+    /// The shapes the KV blocks depend on (architecture, layers, KV heads, head size).
+    pub shapes: String,
+    /// The KV cache's dtype (`f32`, `bf16`, ...).
+    pub kv_dtype: String,
     pub block_size: usize,
-    /// Chained hash of the prefix's full blocks (see `triage_core::hash_prefix`).
+    /// Chained hash of the prefix's full blocks, seeded with the weights' hash (see
+    /// `triage_core::hash_prefix`): equal on every machine, whatever the model is called there.
     pub tokens_hash: u64,
 }
 
 impl PrefixKey {
-    /// Where this prefix lives under `dir`: one file per (model, tokens).
+    /// Where this prefix lives under `dir`: one file per (weights, KV dtype, block size, tokens).
     pub fn path_in(&self, dir: &Path) -> PathBuf {
-        let model: String = self
-            .model_id
-            .chars()
-            .take_while(|&c| c != '|')
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-            .collect();
-        dir.join(format!("{model}-{:016x}.safetensors", self.tokens_hash))
+        let weights: String = self.weights_sha256.chars().take(16).collect();
+        dir.join(format!(
+            "{weights}-{}-b{}-{:016x}.safetensors",
+            self.kv_dtype, self.block_size, self.tokens_hash
+        ))
     }
 
     fn metadata(&self, num_tokens: usize, checksum: &str) -> HashMap<String, String> {
         HashMap::from([
             ("format".to_string(), FORMAT.to_string()),
-            ("model_id".to_string(), self.model_id.clone()),
+            ("weights_sha256".to_string(), self.weights_sha256.clone()),
+            ("shapes".to_string(), self.shapes.clone()),
+            ("kv_dtype".to_string(), self.kv_dtype.clone()),
             ("block_size".to_string(), self.block_size.to_string()),
             (
                 "tokens_hash".to_string(),
@@ -64,9 +72,17 @@ pub enum PrefixMiss {
     Mismatch(String),
 }
 
-/// Write `prefix` for `tokens` to `path` atomically (temporary file, then rename).
-pub fn save(path: &Path, key: &PrefixKey, tokens: &[u32], prefix: &StoredPrefix) -> Result<()> {
+/// Write `prefix` for `tokens` to `path` atomically (a temporary file unique to this process
+/// and moment, then a rename), unless a valid file for this key and these tokens is there
+/// already (another replica wrote it): each file is written once. Returns whether it wrote.
+pub fn save(path: &Path, key: &PrefixKey, tokens: &[u32], prefix: &StoredPrefix) -> Result<bool> {
     let io = |e: std::io::Error| EngineError::Invalid(format!("{}: {e}", path.display()));
+    let num_layers = prefix.k.len();
+    if let Ok(bytes) = std::fs::read(path) {
+        if parse(&bytes, key, tokens, num_layers).is_ok() {
+            return Ok(false);
+        }
+    }
     let token_tensor = Tensor::new(tokens, &Device::Cpu)?;
     let mut named: Vec<(String, Tensor)> = vec![("tokens".to_string(), token_tensor)];
     for (i, (k, v)) in prefix.k.iter().zip(&prefix.v).enumerate() {
@@ -77,11 +93,17 @@ pub fn save(path: &Path, key: &PrefixKey, tokens: &[u32], prefix: &StoredPrefix)
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Unique across replicas sharing the directory: the process id alone may repeat across
+    // machines, the moment too, both together practically never.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = path.with_extension(format!("tmp{}-{nanos}", std::process::id()));
     let meta = key.metadata(tokens.len(), &checksum);
     safetensors::serialize_to_file(named.iter().map(|(n, t)| (n.as_str(), t)), Some(meta), &tmp)
         .map_err(|e| EngineError::Invalid(format!("{}: {e}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(io)
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(true)
 }
 
 /// Read the prefix for `tokens` from `path` onto `device`, or say why it cannot be used.
@@ -131,7 +153,14 @@ fn parse(
     let meta = header.metadata().clone().unwrap_or_default();
     let num_tokens = tokens.len().to_string();
     let expected = key.metadata(tokens.len(), "");
-    for field in ["format", "model_id", "block_size", "tokens_hash"] {
+    for field in [
+        "format",
+        "weights_sha256",
+        "shapes",
+        "kv_dtype",
+        "block_size",
+        "tokens_hash",
+    ] {
         if meta.get(field) != expected.get(field) {
             return Err(miss(format!(
                 "{field} is {:?}, expected {:?}",

@@ -401,6 +401,59 @@ fn a_persisted_prefix_survives_a_restart_and_gives_the_same_output() {
 
 /// A prefix file that passes its checksum but holds blocks of another shape (forged, or from
 /// another cache layout) is a miss that takes no blocks, and the prefix is recomputed.
+/// Replicas on other machines share the prefix directory: the same weights under another path,
+/// name and modification time find the file (keyed by content), a second save leaves it
+/// alone, and other weights of the same shapes miss rather than read it.
+#[test]
+fn a_persisted_prefix_is_found_by_the_same_weights_anywhere() {
+    let (dir, model) = tiny();
+    let store = tempfile::tempdir().unwrap();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    let mut first = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (handle, _) = first.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    let path = first.save_prefix(&corpus, &handle, store.path()).unwrap();
+    let written = std::fs::metadata(&path).unwrap().modified().unwrap();
+    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 1);
+
+    // "Another machine": a copy of the weights elsewhere, loaded under another name.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("renamed.gguf");
+    std::fs::copy(dir.path().join("tiny.gguf"), &copy).unwrap();
+    let twin = Arc::new(Model::load("lc-model", &copy, &LoadOptions::default()).unwrap());
+    let mut second = LlmEngine::new(twin.clone(), config(64)).unwrap();
+    let (handle2, source) = second.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    let (ids, _) = run_one(&mut second, &question);
+    assert_eq!(ids, expected);
+    // Written once: saving the same prefix again keeps the file as it was.
+    assert_eq!(
+        second.save_prefix(&corpus, &handle2, store.path()).unwrap(),
+        path
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 1);
+
+    // Other weights of the same shapes: another key, a miss, and a file of its own.
+    let other_path = elsewhere.path().join("other.gguf");
+    let spec = TinySpec {
+        seed: TinySpec::new(Architecture::Qwen2).seed + 1,
+        ..TinySpec::new(Architecture::Qwen2)
+    };
+    write_tiny_gguf(&other_path, &spec, GgmlDType::F32).unwrap();
+    let other = Arc::new(Model::load("tiny", &other_path, &LoadOptions::default()).unwrap());
+    let mut third = LlmEngine::new(other, config(64)).unwrap();
+    let (_, source) = third.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert!(
+        matches!(source, PrefixSource::Computed { .. }),
+        "{source:?}"
+    );
+    assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 2);
+}
+
 #[test]
 fn a_prefix_file_of_the_wrong_shape_is_a_miss() {
     let (_dir, model) = tiny();
@@ -410,7 +463,7 @@ fn a_prefix_file_of_the_wrong_shape_is_a_miss() {
     let (handle, _) = engine.pin_prefix(&corpus).unwrap();
     let path = engine.save_prefix(&corpus, &handle, store.path()).unwrap();
     let full = &corpus[..handle.num_tokens];
-    let key = engine.prefix_key(full);
+    let key = engine.prefix_key(full).unwrap();
     let layers = model.transformer.config().num_layers;
     let wrong = || {
         (0..layers)
@@ -428,7 +481,9 @@ fn a_prefix_file_of_the_wrong_shape_is_a_miss() {
         k: wrong(),
         v: wrong(),
     };
-    triage_engine::prefix_store::save(&path, &key, full, &forged).unwrap();
+    // Forged by another writer: a valid file is never overwritten, so it replaces this one.
+    std::fs::remove_file(&path).unwrap();
+    assert!(triage_engine::prefix_store::save(&path, &key, full, &forged).unwrap());
     let mut fresh = LlmEngine::new(model.clone(), config(64)).unwrap();
     let miss = fresh
         .load_prefix(&corpus, store.path())
@@ -479,23 +534,28 @@ fn a_corrupt_or_foreign_prefix_file_is_a_miss_not_wrong_output() {
     );
     assert_eq!(run_one(&mut fresh, &question).0, expected);
 
-    // Same name and tokens, another model: the key differs, so it is a miss.
+    // Same name and tokens, another model: files are named by the weights' content, so
+    // nothing is found; and another model's file put under its name (a bad copy, a hash
+    // collision) is a mismatch, never used.
     let (_dir2, other) = tiny_of(Architecture::Llama);
     let mut foreign = LlmEngine::new(other, config(64)).unwrap();
+    assert_eq!(
+        foreign.load_prefix(&corpus, store.path()).unwrap(),
+        Err(PrefixMiss::NotFound)
+    );
+    let full = &corpus[..handle.num_tokens];
+    let foreign_path = foreign.prefix_key(full).unwrap().path_in(store.path());
+    assert_ne!(foreign_path, path);
+    std::fs::copy(&path, &foreign_path).unwrap();
     let miss = foreign
         .load_prefix(&corpus, store.path())
         .unwrap()
         .unwrap_err();
     assert!(
-        matches!(miss, PrefixMiss::Mismatch(ref m) if m.contains("model_id")),
+        matches!(miss, PrefixMiss::Mismatch(ref m) if m.contains("weights_sha256")),
         "{miss:?}"
     );
-    assert_eq!(
-        foreign
-            .load_prefix(&corpus, tempfile::tempdir().unwrap().path())
-            .unwrap(),
-        Err(PrefixMiss::NotFound)
-    );
+    assert_eq!(foreign.scheduler().kv().pool().num_used(), 0);
 }
 
 #[test]

@@ -11,6 +11,7 @@ use super::{LlmEngine, RequestId, StreamEvent};
 use crate::generate::{EntropySettings, FinishReason, GenerateRequest, Prompt};
 use crate::prefix_store::{self, PrefixKey, PrefixMiss, StoredPrefix};
 use crate::sampler::SamplingParams;
+use crate::weights_hash::weights_sha256;
 use crate::{EngineError, Result};
 
 /// Where the KV of a pinned prefix came from.
@@ -26,28 +27,12 @@ pub enum PrefixSource {
 }
 
 impl LlmEngine {
-    /// Identity of the model and cache layout that a persisted prefix must match: name, shapes,
-    /// and size and modification time of the weights (a cheap stand-in for hashing gigabytes).
-    pub fn model_fingerprint(&self) -> String {
+    /// The shapes a persisted prefix's KV blocks depend on.
+    fn kv_shapes(&self) -> String {
         let cfg = self.model.transformer.config();
-        let (len, mtime) = std::fs::metadata(&self.model.path)
-            .map(|m| {
-                let mtime = m
-                    .modified()
-                    .ok()
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_nanos());
-                (m.len(), mtime)
-            })
-            .unwrap_or((0, 0));
         format!(
-            "{}|{:?}|l{}|kv{}x{}|v{}|{len}|{mtime}",
-            self.model.name,
-            cfg.arch,
-            cfg.num_layers,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.vocab_size
+            "{:?}|l{}|kv{}x{}|v{}",
+            cfg.arch, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size
         )
     }
 
@@ -57,16 +42,21 @@ impl LlmEngine {
         &tokens[..tokens.len() / bs * bs]
     }
 
-    /// The key the full blocks `full` of a prefix are stored under.
-    pub fn prefix_key(&self, full: &[u32]) -> PrefixKey {
+    /// The key the full blocks `full` of a prefix are stored under: the weights' content hash
+    /// (memoised, see `weights_hash`), the KV layout and dtype, and the tokens.
+    pub fn prefix_key(&self, full: &[u32]) -> Result<PrefixKey> {
         let bs = self.scheduler.kv().block_size();
-        PrefixKey {
-            model_id: self.model_fingerprint(),
+        let weights_sha256 = weights_sha256(&self.model.path)?;
+        let tokens_hash = hash_prefix(full, bs, &weights_sha256, None)
+            .last()
+            .map_or(0, |h| h.0);
+        Ok(PrefixKey {
+            shapes: self.kv_shapes(),
+            kv_dtype: self.cache.dtype().as_str().to_string(),
             block_size: bs,
-            tokens_hash: hash_prefix(full, bs, &self.model.name, None)
-                .last()
-                .map_or(0, |h| h.0),
-        }
+            tokens_hash,
+            weights_sha256,
+        })
     }
 
     /// Keep the full blocks of `tokens` resident, prefilling them first unless already cached.
@@ -186,7 +176,7 @@ impl LlmEngine {
                 full.len()
             )));
         }
-        let key = self.prefix_key(full);
+        let key = self.prefix_key(full)?;
         let (k, v) = self.cache.read_blocks(&handle.blocks)?;
         let path = key.path_in(dir);
         prefix_store::save(&path, &key, full, &StoredPrefix { k, v })?;
@@ -201,7 +191,7 @@ impl LlmEngine {
         dir: &Path,
     ) -> Result<std::result::Result<PrefixHandle, PrefixMiss>> {
         let full = self.full_blocks(tokens).to_vec();
-        let key = self.prefix_key(&full);
+        let key = self.prefix_key(&full)?;
         let device = self.model.transformer.device().clone();
         let num_layers = self.cache.num_layers();
         let stored = match prefix_store::load(&key.path_in(dir), &key, &full, num_layers, &device)?
