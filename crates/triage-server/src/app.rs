@@ -251,7 +251,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The served models, then the pipeline's alias (a `model` value clients may send, as a
+/// vLLM user expects of every accepted name; gateways that register models from this list
+/// then route `"model": "triage"` too).
 async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let pipeline = state.routing.as_ref().map(|r| {
+        json!({
+            "id": r.alias,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "triage",
+            "triage": {"role": "pipeline"},
+        })
+    });
     let data: Vec<serde_json::Value> = state
         .workers
         .iter()
@@ -265,6 +277,7 @@ async fn list_models(State(state): State<Arc<AppState>>) -> Json<serde_json::Val
                 "triage": {"role": role_name(w.role)},
             })
         })
+        .chain(pipeline)
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

@@ -57,6 +57,18 @@ async fn the_corpus_header_routes_requests_and_names_the_generation() {
         c.routing.rag_max_tokens = 3;
     })
     .await;
+    // The pipeline's alias is a listed model, after the served ones.
+    let (_, models) = server.get("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [MODEL, "triage"]);
+    assert_eq!(models["data"][1]["triage"]["role"], "pipeline");
+
     let body = json!({"name": "docs", "documents": documents(4)});
     let (status, corpus, created) = send(&server, Method::POST, "/v1/corpora", None, &body).await;
     assert_eq!(status, 201, "{created}");
