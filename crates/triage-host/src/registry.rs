@@ -211,8 +211,9 @@ impl CorpusRegistry {
     }
 
     /// The corpus `name`, and the corpora whose prefix was released to make room for its. One in
-    /// the store but not loaded yet (made by `triage ingest`, or before a restart) is loaded
-    /// now; one whose prefix was released is pinned again.
+    /// the store but not loaded yet (made by `triage ingest`, by another replica sharing the
+    /// store, or before a restart) is loaded now; so is a newer generation another writer
+    /// stored; one whose prefix was released is pinned again.
     pub fn get_or_load(
         &self,
         generator: &mut dyn Generator,
@@ -221,7 +222,7 @@ impl CorpusRegistry {
     ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
             self.touch(&loaded);
-            if loaded.pin_state() != PinState::Released {
+            if loaded.pin_state() != PinState::Released && !self.superseded(&loaded, name)? {
                 return Ok((loaded, Vec::new()));
             }
         } else if !self.in_store(name)? {
@@ -237,11 +238,13 @@ impl CorpusRegistry {
         name: &str,
     ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
-            if loaded.pin_state() != PinState::Released {
-                return Ok((loaded, Vec::new()));
+            if !self.superseded(&loaded, name)? {
+                if loaded.pin_state() != PinState::Released {
+                    return Ok((loaded, Vec::new()));
+                }
+                let (_, released) = self.pin(generator, name, &loaded)?;
+                return Ok((loaded, released));
             }
-            let (_, released) = self.pin(generator, name, &loaded)?;
-            return Ok((loaded, released));
         }
         let corpus = self.open(name)?;
         let (summary, loaded) = self.swap_in(generator, routing, corpus)?;
@@ -250,6 +253,13 @@ impl CorpusRegistry {
 
     fn open(&self, name: &str) -> Result<Corpus> {
         self.store.open(name).map_err(store_error)
+    }
+
+    /// Whether the store holds a newer generation of `name` than `loaded` (another writer
+    /// sharing the store changed it). A corpus the store does not hold is never superseded.
+    fn superseded(&self, loaded: &LoadedCorpus, name: &str) -> Result<bool> {
+        let live = self.store.live_generation(name).map_err(store_error)?;
+        Ok(live.is_some_and(|g| g > loaded.corpus.generation))
     }
 
     /// Open `name` from the store (it must exist) and pin its long-context prefix; a corpus

@@ -240,6 +240,13 @@ impl CorpusStore {
         }
     }
 
+    /// The number of the live generation of `name` (`None` when it has none): one small read,
+    /// cheap enough to ask before every question whether another writer moved it on.
+    pub fn live_generation(&self, name: &str) -> Result<Option<u64>> {
+        check_name(name)?;
+        Ok(self.current(name)?.as_deref().and_then(generation_number))
+    }
+
     /// Open the live generation of `name`.
     pub fn open(&self, name: &str) -> Result<Corpus> {
         check_name(name)?;

@@ -122,3 +122,72 @@ fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
     let reloaded = registry.load(&mut g, &routing, "c").unwrap();
     assert_eq!(reloaded.num_documents, 2, "the stored change was kept");
 }
+
+/// An engine over a tiny model and a tiny embedder, both written under `dir`.
+fn replica(dir: &Path) -> (Flaky, BertEmbedder) {
+    let path = dir.join("tiny.gguf");
+    let spec = TinySpec {
+        context_length: 2048,
+        ..TinySpec::new(Architecture::Qwen2)
+    };
+    write_tiny_gguf(&path, &spec, GgmlDType::F32).unwrap();
+    let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
+    let config = EngineConfig {
+        kv_budget: KvBudget::Blocks(256),
+        ..EngineConfig::default()
+    };
+    let bert = dir.join("bert");
+    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
+    let embedder = BertEmbedder {
+        name: "tiny-bert".into(),
+        model: triage_models::bert::SentenceEmbedder::load(&bert, &candle_core::Device::Cpu)
+            .unwrap(),
+    };
+    let engine = Flaky {
+        engine: LlmEngine::new(model, config).unwrap(),
+        broken: false,
+    };
+    (engine, embedder)
+}
+
+/// Two replicas over one shared store: one writes, the other loads a corpus it has never seen
+/// on its first question, and moves to the writer's next generation on the question after the
+/// change, without a restart.
+#[test]
+fn a_replica_sharing_the_store_follows_another_writers_generations() {
+    let shared = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ((mut a, a_embedder), (mut b, b_embedder)) = (replica(a_dir.path()), replica(b_dir.path()));
+    let store = shared.path().join("store");
+    let prefixes = shared.path().join("prefixes");
+    let writer = CorpusRegistry::new(&store, prefixes.clone(), a_embedder);
+    let reader = CorpusRegistry::new(&store, prefixes, b_embedder);
+    let routing = RoutingConfig::default();
+    writer
+        .create(&mut a, &routing, "c", &[doc("a", "the cat sat on the mat")])
+        .unwrap();
+    let (loaded, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    assert_eq!(
+        (loaded.corpus.generation, loaded.corpus.num_documents()),
+        (1, 1)
+    );
+    let (again, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    assert!(
+        Arc::ptr_eq(&loaded, &again),
+        "an unchanged corpus is not reopened"
+    );
+    writer
+        .add_documents(
+            &mut a,
+            &routing,
+            "c",
+            &[doc("b", "the dog ran to the park")],
+        )
+        .unwrap();
+    let (moved, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    assert_eq!(
+        (moved.corpus.generation, moved.corpus.num_documents()),
+        (2, 2)
+    );
+    assert_eq!(reader.list().unwrap()[0].generation, Some(2));
+}
