@@ -342,7 +342,7 @@ pub(crate) mod tests {
         // LC below RAG: a perfect signal's PGR goes negative before it reaches 1, so there is
         // no APGR to report.
         let below: Vec<RagLcPair> = (0..10)
-            .map(|i| pair(Some(f64::from(i)), i < 8, i >= 8 || i < 4))
+            .map(|i| pair(Some(f64::from(i)), i < 8, !(4..8).contains(&i)))
             .collect();
         assert_eq!(apgr(&below), None);
         // No gap, no APGR.

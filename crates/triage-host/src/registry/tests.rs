@@ -65,35 +65,13 @@ fn doc(id: &str, text: &str) -> Document {
 #[test]
 fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("tiny.gguf");
-    let spec = TinySpec {
-        context_length: 2048,
-        ..TinySpec::new(Architecture::Qwen2)
-    };
-    write_tiny_gguf(&path, &spec, GgmlDType::F32).unwrap();
-    let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
-    let config = EngineConfig {
-        kv_budget: KvBudget::Blocks(256),
-        ..EngineConfig::default()
-    };
-    let engine = LlmEngine::new(model, config).unwrap();
-    let bert = dir.path().join("bert");
-    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
-    let embedder = BertEmbedder {
-        name: "tiny-bert".into(),
-        model: triage_models::bert::SentenceEmbedder::load(&bert, &candle_core::Device::Cpu)
-            .unwrap(),
-    };
+    let (mut g, embedder) = replica(dir.path());
     let registry = CorpusRegistry::new(
         &dir.path().join("store"),
         dir.path().join("prefixes"),
         embedder,
     );
     let routing = RoutingConfig::default();
-    let mut g = Flaky {
-        engine,
-        broken: false,
-    };
     let created = registry
         .create(&mut g, &routing, "c", &[doc("a", "the cat sat on the mat")])
         .unwrap();
