@@ -133,7 +133,14 @@ fn an_escalation_stops_the_rag_generation_at_its_first_token() {
     assert!(rag.completion_tokens < 8, "{}", rag.completion_tokens);
     let first_in_span = monitor.in_answer_span.iter().position(|&s| s).unwrap();
     assert_eq!(first_in_span + 1, rag.completion_tokens);
-    assert_eq!(events[0], triage::AnswerEvent::Route(RoutePath::Lc));
+    // The host names the corpus generation first, then the path.
+    assert_eq!(
+        events[..2],
+        [
+            triage::AnswerEvent::Corpus { generation: 1 },
+            triage::AnswerEvent::Route(RoutePath::Lc)
+        ]
+    );
     // A generous τ keeps the RAG answer.
     request.tau = Some(1e6);
     let answer = engine.ask(&request).unwrap();

@@ -195,8 +195,9 @@ impl<M: ModelAccess> Host<M> {
         self.ask_stream(request, |_| {})
     }
 
-    /// Answer one question, passing the answer's path and text to `on_event` as they are decided
-    /// and generated. A corpus in the store that is not loaded yet is loaded first.
+    /// Answer one question, passing to `on_event` the corpus generation that answers, then the
+    /// answer's path and text as they are decided and generated. A corpus in the store that is
+    /// not loaded yet (or whose stored generation is newer) is loaded first.
     pub fn ask_stream(
         &self,
         request: &AskRequest,
