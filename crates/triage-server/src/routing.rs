@@ -202,8 +202,8 @@ pub struct RoutingService {
     /// The workers playing its roles (a pipeline request takes a queue ticket on the base
     /// model's, and is refused while any of them has stopped).
     pub workers: Vec<Arc<EngineWorker>>,
-    /// The name of the model that pins corpus prefixes (the long-context role's).
-    long_context_model: Option<String>,
+    /// The worker that pins corpus prefixes (the long-context role's).
+    long_context: Option<Arc<EngineWorker>>,
 }
 
 impl std::fmt::Debug for RoutingService {
@@ -234,33 +234,31 @@ impl RoutingService {
                 }
             }
         }
-        let long_context_model = models
-            .roles
-            .get(&ModelRole::LongContext)
-            .map(|w| w.name.clone());
+        let long_context = models.roles.get(&ModelRole::LongContext).cloned();
         Ok(Self {
-            long_context_model,
+            long_context,
             alias: alias.to_string(),
             host: Host::with_models(models, config, embedder, data_dir, prefix_dir)?,
             workers: roles,
         })
     }
 
-    /// The corpus prefixes pinned now, for `/metrics`.
+    /// The corpus prefixes pinned now, for `/metrics`: the tokens of their whole blocks (only
+    /// those are pinned).
     pub fn resident_prefixes(&self) -> Vec<ResidentPrefix> {
-        let (Some(model), Ok(corpora)) = (&self.long_context_model, self.host.list_corpora())
-        else {
+        let (Some(worker), Ok(corpora)) = (&self.long_context, self.host.list_corpora()) else {
             return Vec::new();
         };
+        let block_size = worker.stats.block_size.load(Ordering::Relaxed).max(1);
         corpora
             .into_iter()
             .filter(|c| c.prefix_pinned)
             .filter_map(|c| {
                 Some(ResidentPrefix {
                     generation: c.generation?,
-                    tokens: c.prefix_tokens?,
+                    tokens: c.prefix_tokens? / block_size * block_size,
                     corpus: c.name,
-                    model: model.clone(),
+                    model: worker.name.clone(),
                 })
             })
             .collect()
