@@ -137,9 +137,10 @@ pub(in super::super) unsafe fn tile_avx2<const C: usize>(
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
             let dminv =
                 _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
+            let min_pairs = min_pairs_avx2(tile, h);
             for c in 0..C {
                 let (ya, _, bsums) = act.block(c0 + c, b);
-                let s2 = mins_avx2(tile, h, bsums);
+                let s2 = mins_avx2(&min_pairs, bsums);
                 let y = _mm256_set1_ps(ya);
                 let o = out[c].as_mut_ptr().add(8 * h);
                 let mut acc = _mm256_loadu_ps(o);
@@ -165,20 +166,39 @@ unsafe fn scale_pairs_avx2(tile: *const u8, s: usize, h: usize) -> __m256i {
     _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16))
 }
 
-/// `S2` of rows `8·h..8·h + 8` of a tile: `Σ_s min_s · Σ a` over the 8 sub-blocks.
+/// The mins of rows `8·h..8·h + 8` of a tile for the sub-block pairs (0, 1), (2, 3), (4, 5),
+/// (6, 7): per row one int32 lane holding both mins as int16, so that one `madd` against a pair
+/// of activation sums forms two terms of `S2` (mins are 6 bits, a sub-block's activation sum at
+/// most 32 · 128: both fit int16, and `madd` sums in int32, so `S2` is the same integer).
 ///
 /// # Safety
 /// The CPU supports AVX2; `tile` is a tile and `h < 2`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn mins_avx2(tile: *const u8, h: usize, bsums: &[i16]) -> __m256i {
+unsafe fn min_pairs_avx2(tile: *const u8, h: usize) -> [__m256i; 4] {
+    let mut pairs = [_mm256_setzero_si256(); 4];
+    for (p, pair) in pairs.iter_mut().enumerate() {
+        let even = _mm_loadl_epi64(tile.add(MINS_AT + 32 * p + 8 * h) as *const __m128i);
+        let odd = _mm_loadl_epi64(tile.add(MINS_AT + 32 * p + 16 + 8 * h) as *const __m128i);
+        *pair = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(even, odd));
+    }
+    pairs
+}
+
+/// `S2` of the rows whose [`min_pairs_avx2`] are `pairs`: `Σ_s min_s · Σ a` over the 8
+/// sub-blocks, four `madd`s.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mins_avx2(pairs: &[__m256i; 4], bsums: &[i16]) -> __m256i {
     let mut s2 = _mm256_setzero_si256();
-    for s in 0..8 {
-        let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-            tile.add(MINS_AT + 16 * s + 8 * h) as *const __m128i
-        ));
-        let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
-        s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(m, _mm256_set1_epi32(a)));
+    for (p, &pair) in pairs.iter().enumerate() {
+        let even = bsums[4 * p] as i32 + bsums[4 * p + 1] as i32;
+        let odd = bsums[4 * p + 2] as i32 + bsums[4 * p + 3] as i32;
+        let both = (even & 0xFFFF) | (odd << 16);
+        s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(pair, _mm256_set1_epi32(both)));
     }
     s2
 }
@@ -240,7 +260,7 @@ pub(in super::super) unsafe fn row_avx2(
         let (ya, _, bsums) = act.block(c0, b);
         let y = _mm256_set1_ps(ya);
         for h in 0..2 {
-            let s2 = mins_avx2(tile, h, bsums);
+            let s2 = mins_avx2(&min_pairs_avx2(tile, h), bsums);
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(tile.add(D_AT + 16 * h) as *const __m128i));
             let dminv =
                 _mm256_cvtph_ps(_mm_loadu_si128(tile.add(DMIN_AT + 16 * h) as *const __m128i));
