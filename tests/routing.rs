@@ -3,7 +3,8 @@
 //! question, an escalation stops the RAG generation at once, and bad overrides are errors. On
 //! the real Qwen2.5-Coder-0.5B over eight SQuAD paragraphs (≈ 1.4k tokens, `tests/fixtures/
 //! squad-normans`): a question answered from the retrieved chunks stays on RAG, and one whose
-//! answer is in the corpus but not in the retrieved chunks escalates and is answered.
+//! answer is in the corpus but not in the retrieved chunks escalates and is answered. A prefix
+//! published to an S3 store (moto's server on loopback) is read by a host on another machine.
 
 use std::path::{Path, PathBuf};
 
@@ -107,6 +108,113 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
         .find(|s| s.stage.as_str() == "lc")
         .unwrap();
     assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
+}
+
+/// moto's S3 server (the executable `TRIAGE_TEST_MOTO` names; `scripts/test` installs it) on a
+/// free loopback port with one bucket, `prefixes`; killed when dropped.
+struct S3Server {
+    child: std::process::Child,
+    address: String,
+}
+
+impl S3Server {
+    fn start() -> Self {
+        let exe = std::env::var("TRIAGE_TEST_MOTO").expect(
+            "TRIAGE_TEST_MOTO must name moto's `moto_server` executable: run the tests with scripts/test",
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(exe)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Self {
+            child,
+            address: format!("127.0.0.1:{port}"),
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while server.request("PUT /prefixes").is_none() {
+            assert!(std::time::Instant::now() < deadline, "moto did not start");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        server
+    }
+
+    /// Send `line` with no body; the status line of the reply (moto asks no signature of a
+    /// bucket's creation).
+    fn request(&self, line: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.address).ok()?;
+        let head = format!(
+            "{line} HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.address
+        );
+        stream.write_all(head.as_bytes()).ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).ok()?;
+        reply.lines().next().map(str::to_string)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_prefix_published_to_an_s3_store_is_read_by_a_host_on_another_machine() {
+    let s3 = S3Server::start();
+    // The standard AWS variables object_store reads; only this test in this binary sets them.
+    for (key, value) in [
+        ("AWS_ENDPOINT_URL", format!("http://{}", s3.address)),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ] {
+        std::env::set_var(key, value);
+    }
+    let mut setup = tiny();
+    setup.config.pipeline.prefix_store = Some("s3://prefixes/cluster-a".into());
+    let first = setup.engine();
+    let info = first.load_corpus("tiny").unwrap();
+    assert_eq!(info.pinned_from, Some("computed"));
+    let prefix = info.prefix_tokens.unwrap();
+    drop(first);
+
+    // Another machine: its own (empty) prefix folder, the same corpus store and bucket.
+    setup.config.pipeline.prefix_dir = Some(setup.dir.path().join("machine-b-prefixes"));
+    let second = setup.engine();
+    let info = second.load_corpus("tiny").unwrap();
+    assert_eq!(
+        info.pinned_from,
+        Some("disk"),
+        "read from the bucket, not prefilled"
+    );
+    let answer = second
+        .ask(&question("tiny", "where did the dog run", Route::Lc))
+        .unwrap();
+    let lc = answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage.as_str() == "lc");
+    assert!(lc.unwrap().cached_prompt_tokens >= prefix / 16 * 16);
+    // The folder now caches the object: one file, written whole.
+    let cached: Vec<_> = std::fs::read_dir(setup.dir.path().join("machine-b-prefixes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        cached.len() == 1 && cached[0].ends_with(".safetensors"),
+        "{cached:?}"
+    );
 }
 
 #[test]

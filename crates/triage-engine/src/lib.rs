@@ -7,6 +7,7 @@ pub mod entropy_monitor;
 pub mod error;
 pub mod generate;
 pub mod llm_engine;
+pub mod prefix_remote;
 pub mod prefix_store;
 pub mod relevance;
 pub mod sampler;

@@ -21,6 +21,7 @@ use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 use crate::generate::{
     resolve_max_tokens, tokenize_prompt, FinishReason, GenerateRequest, TokenOutput,
 };
+use crate::prefix_remote::PrefixRemote;
 use crate::sampler::Sampler;
 use crate::stop::StopChecker;
 use crate::{EngineError, Result};
@@ -149,6 +150,8 @@ pub struct LlmEngine {
     next_id: RequestId,
     num_preemptions: usize,
     num_abandoned: usize,
+    /// The shared store behind persisted-prefix directories, if any.
+    prefix_remote: Option<Arc<dyn PrefixRemote>>,
 }
 
 impl std::fmt::Debug for LlmEngine {
@@ -187,7 +190,14 @@ impl LlmEngine {
             next_id: 1,
             num_preemptions: 0,
             num_abandoned: 0,
+            prefix_remote: None,
         })
+    }
+
+    /// Share persisted prefixes through `remote`: a prefix missing from the directory a pin is
+    /// given is fetched from it, and every prefix saved is published to it.
+    pub fn set_prefix_remote(&mut self, remote: Option<Arc<dyn PrefixRemote>>) {
+        self.prefix_remote = remote;
     }
 
     /// The scheduler (for its queues and the KV block counts).

@@ -31,13 +31,19 @@ pub struct PrefixKey {
 }
 
 impl PrefixKey {
-    /// Where this prefix lives under `dir`: one file per (weights, KV dtype, block size, tokens).
-    pub fn path_in(&self, dir: &Path) -> PathBuf {
+    /// The name of this prefix's file (and of its object in a shared store): one per (weights,
+    /// KV dtype, block size, tokens).
+    pub fn file_name(&self) -> String {
         let weights: String = self.weights_sha256.chars().take(16).collect();
-        dir.join(format!(
+        format!(
             "{weights}-{}-b{}-{:016x}.safetensors",
             self.kv_dtype, self.block_size, self.tokens_hash
-        ))
+        )
+    }
+
+    /// Where this prefix lives under `dir`.
+    pub fn path_in(&self, dir: &Path) -> PathBuf {
+        dir.join(self.file_name())
     }
 
     fn metadata(&self, num_tokens: usize, checksum: &str) -> HashMap<String, String> {

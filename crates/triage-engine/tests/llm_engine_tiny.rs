@@ -1,6 +1,7 @@
 //! Continuous batching on a tiny model: batched, prefix-cached and preempted runs give the same
 //! greedy tokens as `generate` alone, and every block is free once requests end.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
@@ -8,9 +9,10 @@ use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateR
 use triage_engine::llm_engine::{
     EngineConfig, KvBudget, LlmEngine, PinStart, PrefixSource, StreamEvent, Usage,
 };
+use triage_engine::prefix_remote::PrefixRemote;
 use triage_engine::prefix_store::{PrefixMiss, StoredPrefix};
 use triage_engine::sampler::SamplingParams;
-use triage_engine::EngineSet;
+use triage_engine::{EngineError, EngineSet};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
@@ -452,6 +454,113 @@ fn a_persisted_prefix_is_found_by_the_same_weights_anywhere() {
         "{source:?}"
     );
     assert_eq!(std::fs::read_dir(store.path()).unwrap().count(), 2);
+}
+
+/// A shared store that is a directory of its own (or down), counting what crosses it.
+#[derive(Debug)]
+struct DirRemote {
+    dir: tempfile::TempDir,
+    down: bool,
+    fetched: AtomicUsize,
+    published: AtomicUsize,
+}
+
+impl DirRemote {
+    fn new(down: bool) -> Arc<Self> {
+        Arc::new(Self {
+            dir: tempfile::tempdir().unwrap(),
+            down,
+            fetched: AtomicUsize::new(0),
+            published: AtomicUsize::new(0),
+        })
+    }
+
+    fn reachable(&self) -> triage_engine::Result<()> {
+        match self.down {
+            true => Err(EngineError::Invalid("the store is down".into())),
+            false => Ok(()),
+        }
+    }
+}
+
+impl PrefixRemote for DirRemote {
+    fn fetch(&self, name: &str, local: &std::path::Path) -> triage_engine::Result<bool> {
+        self.reachable()?;
+        match std::fs::copy(self.dir.path().join(name), local) {
+            Ok(_) => {
+                self.fetched.fetch_add(1, Ordering::SeqCst);
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(EngineError::Invalid(e.to_string())),
+        }
+    }
+
+    fn publish(&self, name: &str, local: &std::path::Path) -> triage_engine::Result<bool> {
+        self.reachable()?;
+        let object = self.dir.path().join(name);
+        if object.exists() {
+            return Ok(false);
+        }
+        std::fs::copy(local, object).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.published.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+}
+
+#[test]
+fn a_prefix_in_the_shared_store_is_fetched_by_a_replica_with_an_empty_disk() {
+    let (_dir, model) = tiny();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    let store = DirRemote::new(false);
+    let remote = || Some(store.clone() as Arc<dyn PrefixRemote>);
+    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+
+    let mut a = LlmEngine::new(model.clone(), config(64)).unwrap();
+    a.set_prefix_remote(remote());
+    let (_, source) = a.pin_persisted_prefix(&corpus, disk_a.path()).unwrap();
+    assert!(matches!(source, PrefixSource::Computed { .. }));
+    assert_eq!(store.published.load(Ordering::SeqCst), 1);
+    drop(a);
+
+    // Another machine: its own empty disk, the same store.
+    let mut b = LlmEngine::new(model.clone(), config(64)).unwrap();
+    b.set_prefix_remote(remote());
+    let (handle, source) = b.pin_persisted_prefix(&corpus, disk_b.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    assert_eq!(handle.num_tokens, 28);
+    assert_eq!(store.fetched.load(Ordering::SeqCst), 1);
+    let (ids, usage) = run_one(&mut b, &question);
+    assert_eq!(ids, expected, "fetched KV gives the same greedy tokens");
+    assert_eq!(usage.cached_tokens, 28);
+    drop(b);
+
+    // That machine restarts: its disk caches the store, nothing is fetched or published again.
+    let mut c = LlmEngine::new(model.clone(), config(64)).unwrap();
+    c.set_prefix_remote(remote());
+    let (_, source) = c.pin_persisted_prefix(&corpus, disk_b.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    assert_eq!(store.fetched.load(Ordering::SeqCst), 1);
+    assert_eq!(store.published.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_shared_store_that_is_down_costs_a_prefill_not_the_pin() {
+    let (_dir, model) = tiny();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    let disk = tempfile::tempdir().unwrap();
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    engine.set_prefix_remote(Some(DirRemote::new(true)));
+    let (_, source) = engine.pin_persisted_prefix(&corpus, disk.path()).unwrap();
+    assert!(matches!(source, PrefixSource::Computed { .. }));
+    let (ids, usage) = run_one(&mut engine, &question);
+    assert_eq!(ids, expected);
+    assert_eq!(usage.cached_tokens, 28);
+    // The local file was written before the upload failed: the next start reads it.
+    let files = std::fs::read_dir(disk.path()).unwrap().count();
+    assert_eq!(files, 1);
 }
 
 #[test]

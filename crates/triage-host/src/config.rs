@@ -9,9 +9,11 @@
 //! `prefix_dir` (now in `[pipeline]`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use triage_engine::llm_engine::{EngineConfig, KvBudget};
+use triage_engine::prefix_remote::PrefixRemote;
 use triage_fetch::{
     DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
 };
@@ -20,6 +22,7 @@ use triage_router::routing_config::ClassifierSetting;
 use triage_router::{ModelRole, RoutingConfig};
 
 use crate::error::{HostError, Result};
+use crate::object_prefixes::ObjectPrefixStore;
 
 /// The spelling of a role in the config file (`long-context`; `long_context` is read too).
 pub fn role_name(role: ModelRole) -> &'static str {
@@ -140,6 +143,14 @@ pub struct PipelineSettings {
     pub corpora: Vec<String>,
     /// Where pinned corpus prefixes are persisted; default `$TRIAGE_HOME/prefixes`.
     pub prefix_dir: Option<PathBuf>,
+    /// An S3-compatible bucket shared by replicas on other machines (`s3://bucket/path`), of
+    /// which `prefix_dir` is then the local cache: a prefix missing there is fetched from it,
+    /// and every prefix computed is published to it. See `object_prefixes`.
+    pub prefix_store: Option<String>,
+    /// Where corpora are stored (`<data_dir>/corpora/NAME`); default `$TRIAGE_HOME`. Replicas
+    /// whose `data_dir` is one shared folder share their corpora: one writer at a time, readers
+    /// follow its generations.
+    pub data_dir: Option<PathBuf>,
     /// How many corpora, and how large, clients may make (`[pipeline.limits]`).
     pub limits: CorpusLimits,
 }
@@ -175,6 +186,8 @@ impl Default for PipelineSettings {
             embedder: DEFAULT_EMBEDDER.into(),
             corpora: Vec::new(),
             prefix_dir: None,
+            prefix_store: None,
+            data_dir: None,
             limits: CorpusLimits::default(),
         }
     }
@@ -186,6 +199,21 @@ impl PipelineSettings {
         self.prefix_dir
             .clone()
             .unwrap_or_else(|| triage_models::paths::triage_home().join("prefixes"))
+    }
+
+    /// The shared prefix store the engines publish to and fetch from, if one is configured.
+    pub fn prefix_remote(&self) -> Result<Option<Arc<dyn PrefixRemote>>> {
+        let Some(url) = &self.prefix_store else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(ObjectPrefixStore::open(url)?)))
+    }
+
+    /// Where corpora are stored: the configured folder, else `$TRIAGE_HOME`.
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir
+            .clone()
+            .unwrap_or_else(triage_models::paths::triage_home)
     }
 }
 
@@ -624,6 +652,9 @@ impl TriageConfig {
                 "max_body_bytes, max_pending_requests, max_connections, header_timeout_s and \
                  body_timeout_s must be positive",
             ));
+        }
+        if let Some(url) = &self.pipeline.prefix_store {
+            ObjectPrefixStore::open(url)?;
         }
         if matches!(&s.api_key, Some(k) if k.is_empty()) {
             return Err(config_error("api_key must not be empty"));

@@ -47,6 +47,7 @@ impl InProcessModels {
     pub fn load(config: &TriageConfig) -> Result<Self> {
         let mut set = EngineSet::new();
         let mut assigned = Vec::new();
+        let prefix_remote = config.pipeline.prefix_remote()?;
         for role in [ModelRole::Base, ModelRole::LongContext, ModelRole::Router] {
             if role == ModelRole::Router && !config.needs_router() {
                 continue;
@@ -56,6 +57,8 @@ impl InProcessModels {
             })?;
             if set.get(&entry.name).is_none() {
                 set.add(&entry.name, load_shared(entry)?, entry.engine_config()?)?;
+                set.engine_mut(&entry.name)?
+                    .set_prefix_remote(prefix_remote.clone());
             }
             assigned.push((role, entry.name.clone()));
         }
@@ -77,9 +80,9 @@ impl Host<InProcessModels> {
     pub fn new(config: TriageConfig) -> Result<Self> {
         let models = InProcessModels::load(&config)?;
         let embedder = load_embedder(&config.pipeline.embedder)?;
-        let home = triage_models::paths::triage_home();
+        let data_dir = config.pipeline.data_dir();
         let prefix_dir = config.pipeline.prefix_dir();
-        let engine = Self::with_models(models, config.routing, embedder, &home, prefix_dir)?
+        let engine = Self::with_models(models, config.routing, embedder, &data_dir, prefix_dir)?
             .with_corpus_limits(config.pipeline.limits);
         engine.load_corpora(&config.pipeline.corpora)?;
         Ok(engine)

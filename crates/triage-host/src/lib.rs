@@ -11,6 +11,7 @@ pub mod fixtures;
 pub mod host;
 pub mod in_process;
 pub mod loader;
+pub mod object_prefixes;
 pub mod registry;
 
 pub use config::{ModelEntry, PipelineSettings, ServerSettings, TriageConfig};

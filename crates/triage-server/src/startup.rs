@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use triage_engine::llm_engine::LlmEngine;
 use triage_host::loader::{load_embedder, load_shared};
 use triage_host::TriageConfig;
 use triage_router::ModelRole;
@@ -15,9 +16,12 @@ use crate::worker::EngineWorker;
 /// start its engine thread.
 pub fn start_workers(config: &TriageConfig) -> Result<Vec<EngineWorker>> {
     let mut workers = Vec::with_capacity(config.models.len());
+    let prefix_remote = config.pipeline.prefix_remote()?;
     for entry in config.models_to_load() {
         let model = load_shared(entry)?;
-        let worker = EngineWorker::spawn(&entry.name, entry.role, model, entry.engine_config()?)?;
+        let mut engine = LlmEngine::new(model.clone(), entry.engine_config()?)?;
+        engine.set_prefix_remote(prefix_remote.clone());
+        let worker = EngineWorker::spawn(&entry.name, entry.role, model, engine)?;
         workers.push(worker);
     }
     Ok(workers)
@@ -44,7 +48,7 @@ pub fn routing_service(
         config.routing.clone(),
         workers,
         embedder,
-        &triage_models::paths::triage_home(),
+        &section.data_dir(),
         section.prefix_dir(),
     )?
     .with_corpus_limits(section.limits);

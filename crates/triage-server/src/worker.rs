@@ -13,7 +13,7 @@ use triage_core::PrefixHandle;
 use triage_engine::generate::GenerateRequest;
 use triage_engine::llm_engine::RequestId;
 use triage_engine::llm_engine::{
-    EngineConfig, EventSink, LlmEngine, PendingPin, PinStart, PrefixSource, StreamEvent,
+    EventSink, LlmEngine, PendingPin, PinStart, PrefixSource, StreamEvent,
 };
 use triage_engine::EngineError;
 use triage_models::model::Model;
@@ -91,14 +91,13 @@ impl std::fmt::Debug for EngineWorker {
 }
 
 impl EngineWorker {
-    /// Start the engine thread for `model`.
+    /// Start the engine thread of `engine`, which runs `model`.
     pub fn spawn(
         name: &str,
         role: ModelRole,
         model: Arc<Model>,
-        config: EngineConfig,
+        engine: LlmEngine,
     ) -> Result<Self> {
-        let engine = LlmEngine::new(model.clone(), config)?;
         let stats = Arc::new(EngineStats::default());
         publish(&engine, &stats);
         let (tx, rx) = mpsc::channel();

@@ -180,6 +180,9 @@ impl LlmEngine {
         let (k, v) = self.cache.read_blocks(&handle.blocks)?;
         let path = key.path_in(dir);
         prefix_store::save(&path, &key, full, &StoredPrefix { k, v })?;
+        if let Some(remote) = &self.prefix_remote {
+            remote.publish(&key.file_name(), &path)?;
+        }
         Ok(path)
     }
 
@@ -194,8 +197,16 @@ impl LlmEngine {
         let key = self.prefix_key(&full)?;
         let device = self.model.transformer.device().clone();
         let num_layers = self.cache.num_layers();
-        let stored = match prefix_store::load(&key.path_in(dir), &key, &full, num_layers, &device)?
+        let path = key.path_in(dir);
+        let mut found = prefix_store::load(&path, &key, &full, num_layers, &device)?;
+        if found
+            .as_ref()
+            .is_err_and(|miss| *miss == PrefixMiss::NotFound)
+            && self.fetch_from_remote(&key, &path)
         {
+            found = prefix_store::load(&path, &key, &full, num_layers, &device)?;
+        }
+        let stored = match found {
             Ok(stored) => stored,
             Err(miss) => return Ok(Err(miss)),
         };
@@ -240,6 +251,18 @@ impl LlmEngine {
             self.cache.write_blocks(&blocks, &k, &v)?;
         }
         Ok(Ok(handle))
+    }
+
+    /// Copy the prefix `key` from the shared store (if one is set) to `path`; whether it did. A
+    /// store that cannot be reached is a miss (the prefix is computed), not a failed pin.
+    fn fetch_from_remote(&self, key: &PrefixKey, path: &Path) -> bool {
+        let Some(remote) = &self.prefix_remote else {
+            return false;
+        };
+        remote
+            .fetch(&key.file_name(), path)
+            .inspect_err(|e| tracing::warn!(error = %e, "fetching a prefix from the shared store failed; computing it"))
+            .unwrap_or(false)
     }
 
     /// Pin `tokens` as a long-lived prefix: from the pool if cached, else from its file under

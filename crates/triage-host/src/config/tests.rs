@@ -183,6 +183,8 @@ fn mistakes_in_the_file_are_errors() {
         "api_key = \"\"",
         "port = -1",
         "models = 3",
+        "[pipeline]\nprefix_store = \"gs://bucket\"",
+        "[pipeline]\nprefix_store = \"s3://\"",
     ] {
         assert!(
             TriageConfig::from_toml_str(bad).is_err(),
@@ -194,6 +196,28 @@ fn mistakes_in_the_file_are_errors() {
     // Routing settings are checked when a pipeline is built (or the whole file validated).
     let bad_tau = TriageConfig::from_toml_str("[routing.monitor]\ntau = -2.0\n").unwrap();
     assert!(bad_tau.validate().is_err());
+}
+
+#[test]
+fn replicas_share_a_data_dir_and_an_s3_prefix_store() {
+    let c = TriageConfig::from_toml_str(
+        "[pipeline]\ndata_dir = \"/shared/triage\"\nprefix_store = \"s3://bucket/prefixes\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.pipeline.data_dir(), Path::new("/shared/triage"));
+    assert_eq!(
+        c.pipeline.prefix_store.as_deref(),
+        Some("s3://bucket/prefixes")
+    );
+    let remote = c.pipeline.prefix_remote().unwrap().unwrap();
+    assert!(format!("{remote:?}").contains("s3://bucket/prefixes"));
+    // Without one, prefixes stay in the local folder only.
+    let local = TriageConfig::default();
+    assert!(local.pipeline.prefix_remote().unwrap().is_none());
+    assert_eq!(
+        local.pipeline.data_dir(),
+        triage_models::paths::triage_home()
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::GgmlDType;
 use serde_json::Value;
+use triage_engine::llm_engine::LlmEngine;
 use triage_host::{ModelEntry, ServerSettings, TriageConfig};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
@@ -64,13 +65,9 @@ impl TestServer {
         config.validate().unwrap();
         let model = Model::load(MODEL, &path, &LoadOptions::default()).unwrap();
         let entry = &config.models[0];
-        let worker = EngineWorker::spawn(
-            &entry.name,
-            entry.role,
-            Arc::new(model),
-            entry.engine_config().unwrap(),
-        )
-        .unwrap();
+        let model = Arc::new(model);
+        let engine = LlmEngine::new(model.clone(), entry.engine_config().unwrap()).unwrap();
+        let worker = EngineWorker::spawn(&entry.name, entry.role, model, engine).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let workers = vec![Arc::new(worker)];
