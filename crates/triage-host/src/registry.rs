@@ -27,7 +27,8 @@ pub use summary::{pinned_name, CorpusSummary, DocumentSummary, DocumentsChange};
 enum PinState {
     /// The corpus has no long-context prompt (see its reason).
     NoPrefix,
-    Pinned,
+    /// Resident, with where this pin's KV came from.
+    Pinned(PinnedPrefix),
     /// Released to make room for another corpus's; pinned again when next asked.
     Released,
     /// It does not fit in the long-context model's cache (why): the corpus answers by RAG.
@@ -57,6 +58,14 @@ impl LoadedCorpus {
 
     fn set_pin_state(&self, state: PinState) {
         *self.pin.lock().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+
+    /// The pin when the prefix is resident.
+    fn pinned(&self) -> Option<PinnedPrefix> {
+        match self.pin_state() {
+            PinState::Pinned(pinned) => Some(pinned),
+            _ => None,
+        }
     }
 
     fn pin_state(&self) -> PinState {
@@ -304,7 +313,7 @@ impl CorpusRegistry {
         loop {
             let why = match pin_long_context(generator, lc, &self.prefix_dir)? {
                 Ok(pinned) => {
-                    loaded.set_pin_state(PinState::Pinned);
+                    loaded.set_pin_state(PinState::Pinned(pinned));
                     return Ok((Some(pinned), released));
                 }
                 Err(why) => why,
@@ -329,7 +338,7 @@ impl CorpusRegistry {
         Ok(self
             .table()?
             .iter()
-            .filter(|(n, l)| n.as_str() != except && l.pin_state() == PinState::Pinned)
+            .filter(|(n, l)| n.as_str() != except && l.pinned().is_some())
             .min_by_key(|(_, l)| l.last_used.load(Ordering::Relaxed))
             .map(|(n, l)| (n.clone(), l.clone())))
     }
@@ -342,7 +351,7 @@ impl CorpusRegistry {
         after: PinState,
     ) -> Result<bool> {
         let mut state = loaded.pin.lock().unwrap_or_else(PoisonError::into_inner);
-        if *state != PinState::Pinned {
+        if !matches!(*state, PinState::Pinned(_)) {
             return Ok(false);
         }
         if let Ok(lc) = &loaded.long_context {

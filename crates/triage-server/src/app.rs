@@ -23,6 +23,7 @@ use crate::api_error::ApiError;
 use crate::corpus_header::CorpusKey;
 use crate::generation::{collect, stream_response, RequestTimer, Ticket};
 use crate::guard;
+use crate::loads::{worker_loads, WorkerLoads};
 use crate::metrics::{Metrics, RequestLabels};
 use crate::responses::{Endpoint, ResponseMeta};
 use crate::routed;
@@ -87,8 +88,8 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// All routes. `/v1/*` sits behind the API key when one is configured; `/health` and
-/// `/metrics` stay open.
+/// All routes. `/v1/*` sits behind the API key when one is configured; `/health`, `/version`,
+/// `/metrics` and `/v1/loads` (what a gateway polls, like the metrics) stay open.
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -114,6 +115,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(v1)
         .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/v1/loads", get(loads))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -215,6 +218,17 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
     let bytes = body.map_err(|r| ApiError::from_body_rejection(r.status(), r.body_text()))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("invalid request body: {e}")))
+}
+
+/// `GET /version`, as vLLM's server answers it; gateways (SMG) read it to tell an
+/// OpenAI-compatible engine from another kind of worker.
+async fn version() -> Json<serde_json::Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// `GET /v1/loads` (any query string): the load SMG polls to spill a busy replica's keys.
+async fn loads(State(state): State<Arc<AppState>>) -> Json<WorkerLoads> {
+    Json(worker_loads(&state.workers))
 }
 
 /// 200 while every engine thread runs; 503 naming the models whose engine has stopped (a load

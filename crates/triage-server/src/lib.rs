@@ -8,6 +8,7 @@ pub mod corpus_header;
 pub mod error;
 pub mod generation;
 pub mod guard;
+pub mod loads;
 pub mod metrics;
 pub mod responses;
 pub mod routed;

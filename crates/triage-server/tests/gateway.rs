@@ -1,5 +1,5 @@
 //! What a gateway in front of several `triage serve` replicas relies on: the corpus routing
-//! header on requests and responses, and the metrics its scheduler scrapes.
+//! header on requests and responses, the metrics its scheduler scrapes, and the load SMG polls.
 
 mod common;
 
@@ -233,4 +233,66 @@ async fn metrics_carry_what_gateway_schedulers_read() {
     assert_eq!(status, 200);
     let (_, text) = server.get("/metrics").await;
     assert!(!text.contains("triage_prefix_tokens_resident{"), "{text}");
+}
+
+/// `GET /v1/loads` (any query string) as the replica answers it now.
+async fn loads(server: &TestServer) -> Value {
+    let (status, text) = server
+        .get("/v1/loads?include=core,disagg,queues,memory")
+        .await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Polls `/v1/loads` until its one rank satisfies `want`; panics after 20 s.
+async fn wait_for_load(server: &TestServer, want: impl Fn(&Value) -> bool) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let now = loads(server).await;
+        if want(&now["loads"][0]) {
+            return now;
+        }
+        assert!(start.elapsed().as_secs() < 20, "load never came: {now}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// What SMG polls to take a busy replica out of its hash ring (`docs/deploy.md`): SGLang's
+/// `/v1/loads` shape, one rank, running and waiting requests, and a token usage that leaves out
+/// the blocks pinned by corpus prefixes (a replica holding its corpus is not full for that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_report_running_and_waiting_requests_as_sglang_does() {
+    let server = TestServer::start_routed(|c| c.models[0].max_num_seqs = 1).await;
+    let body = json!({"name": "docs", "documents": documents(4)});
+    let (status, _, created) = send(&server, Method::POST, "/v1/corpora", None, &body).await;
+    assert_eq!(status, 201, "{created}");
+    let idle = loads(&server).await;
+    assert_eq!(
+        idle,
+        json!({"dp_rank_count": 1, "loads": [{"dp_rank": 0, "num_running_reqs": 0,
+               "num_waiting_reqs": 0, "token_usage": 0.0}]}),
+        "the pinned corpus is not load"
+    );
+
+    // One sequence at a time: the first long answer runs, the second waits behind it.
+    let long = |content: &str| {
+        json!({"model": MODEL, "messages": [{"role": "user", "content": content}],
+               "max_tokens": 4000, "ignore_eos": true, "stream": true})
+    };
+    let running = server.open(&long("hold the slot")).await;
+    assert_eq!(running.status(), 200);
+    let waiting = server.open(&long("wait behind it")).await;
+    assert_eq!(waiting.status(), 200);
+    let busy = wait_for_load(&server, |l| {
+        l["num_running_reqs"] == 1 && l["num_waiting_reqs"] == 1
+    })
+    .await;
+    let usage = busy["loads"][0]["token_usage"].as_f64().unwrap();
+    assert!(usage > 0.0 && usage <= 1.0, "{busy}");
+
+    drop((running, waiting));
+    wait_for_load(&server, |l| {
+        l["num_running_reqs"] == 0 && l["num_waiting_reqs"] == 0 && l["token_usage"] == 0.0
+    })
+    .await;
 }

@@ -8,7 +8,7 @@ use triage_engine::llm_engine::PrefixSource;
 use triage_retrieval::Corpus;
 use triage_router::PinnedPrefix;
 
-use super::{LoadedCorpus, PinState};
+use super::LoadedCorpus;
 
 /// What loading (or listing) a corpus reports.
 #[derive(Debug, Clone, Serialize)]
@@ -24,8 +24,8 @@ pub struct CorpusSummary {
     pub prefix_tokens: Option<usize>,
     /// Whether that prefix is resident now (false once released for another corpus's).
     pub prefix_pinned: bool,
-    /// Tokens pinned in the cache by this load, and where their KV came from (`cache`,
-    /// `disk`, `computed`); absent in listings.
+    /// Tokens of the resident prefix pinned in the cache, and where their KV came from when it
+    /// was pinned (`cache`, `disk`, `computed`); absent while no prefix is resident.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_tokens: Option<usize>,
     pub pinned_from: Option<&'static str>,
@@ -77,13 +77,14 @@ pub(super) fn summary(
     loaded: &LoadedCorpus,
     pinned: Option<PinnedPrefix>,
 ) -> CorpusSummary {
+    let pinned = pinned.or_else(|| loaded.pinned());
     CorpusSummary {
         name: name.to_string(),
         generation: Some(loaded.corpus.generation),
         num_documents: loaded.corpus.num_documents(),
         num_chunks: loaded.corpus.chunks().len(),
         prefix_tokens: loaded.long_context.as_ref().ok().map(|lc| lc.prefix.len()),
-        prefix_pinned: loaded.pin_state() == PinState::Pinned,
+        prefix_pinned: loaded.pinned().is_some(),
         pinned_tokens: pinned.map(|p| p.num_tokens),
         pinned_from: pinned.map(|p| pinned_name(p.source)),
         reused_tokens: pinned.and_then(|p| match p.source {
