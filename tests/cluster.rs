@@ -410,11 +410,11 @@ fn replicas_behind_smg_stick_to_the_corpus_and_share_its_prefix() {
     // Under load the owner's questions spill to another replica, which reads the prefix from
     // the store; once the load is gone they come back to the owner.
     let owner_url = replicas[owner].url.clone();
-    let held = [
-        hold_slot(&owner_url, "hold the slot"),
-        hold_slot(&owner_url, "wait behind it"),
-        hold_slot(&owner_url, "and behind that"),
-    ];
+    // One answer takes about 2 s here (3,000 tokens); four queued behind it keep the queue
+    // non-empty for several of SMG's 1 s polls, however slow the machine.
+    let held: Vec<_> = (0..5)
+        .map(|i| hold_slot(&owner_url, &format!("hold {i}")))
+        .collect();
     wait_for_gateway_view(&gateway, &owner_url, |waiting| waiting >= 1);
     let (status, worker, _, body) = ask(&gateway, &question(false));
     assert_eq!(status, 200, "{body}");
