@@ -35,6 +35,9 @@ fn check_q8_kernel_override() -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Before any thread or model allocates: a prefill's per-op buffers are then reused, not
+    // unmapped and faulted in again (`triage_ops::heap`).
+    triage_ops::heap::retain_freed_memory();
     let cli = Cli::parse();
     init_logging(matches!(cli.command, Command::Serve(_)));
     match run(cli) {
