@@ -59,6 +59,9 @@ mod tests {
         assert!(super::set_thresholds());
         let too_high = super::MMAP_THRESHOLD * 2;
         // SAFETY: as in `set_thresholds`.
-        assert_eq!(unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, too_high) }, 0);
+        assert_eq!(
+            unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, too_high) },
+            0
+        );
     }
 }
