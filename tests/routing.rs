@@ -8,8 +8,19 @@
 
 use std::path::{Path, PathBuf};
 
-use triage::{AskRequest, Engine, ModelRole, Route, RoutePath, TriageConfig};
+use triage::{Answer, AskRequest, Engine, ModelRole, Route, RoutePath, TriageConfig};
 use triage_retrieval::{load_documents, ChunkerConfig, CorpusStore, Embedder};
+
+/// The cached prompt tokens of an answer's long-context stage.
+fn lc_cached_tokens(answer: &Answer) -> usize {
+    answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage.as_str() == "lc")
+        .expect("the answer has a long-context stage")
+        .cached_prompt_tokens
+}
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -81,18 +92,13 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
     for q in ["where did the dog run", "what did the bird do"] {
         let answer = engine.ask(&question("tiny", q, Route::Lc)).unwrap();
         assert_eq!(answer.decision.path, RoutePath::Lc);
-        let lc = answer
-            .decision
-            .stages
-            .iter()
-            .find(|s| s.stage.as_str() == "lc")
-            .unwrap();
+        let lc = lc_cached_tokens(&answer);
         assert!(
-            lc.cached_prompt_tokens >= prefix / 16 * 16,
+            lc >= prefix / 16 * 16,
             "{} cached of a {prefix}-token prefix",
-            lc.cached_prompt_tokens
+            lc
         );
-        assert_eq!(answer.usage.cached_prompt_tokens, lc.cached_prompt_tokens);
+        assert_eq!(answer.usage.cached_prompt_tokens, lc);
     }
     drop(engine);
     let restarted = setup.engine();
@@ -101,13 +107,8 @@ fn escalations_prefill_only_the_question_and_a_restart_reads_the_prefix_from_dis
     let answer = restarted
         .ask(&question("tiny", "where did the dog run", Route::Lc))
         .unwrap();
-    let lc = answer
-        .decision
-        .stages
-        .iter()
-        .find(|s| s.stage.as_str() == "lc")
-        .unwrap();
-    assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
+    let lc = lc_cached_tokens(&answer);
+    assert!(lc >= prefix / 16 * 16);
 }
 
 /// moto's S3 server (the executable `TRIAGE_TEST_MOTO` names; `scripts/test` installs it) on a
@@ -200,12 +201,8 @@ fn a_prefix_published_to_an_s3_store_is_read_by_a_host_on_another_machine() {
     let answer = second
         .ask(&question("tiny", "where did the dog run", Route::Lc))
         .unwrap();
-    let lc = answer
-        .decision
-        .stages
-        .iter()
-        .find(|s| s.stage.as_str() == "lc");
-    assert!(lc.unwrap().cached_prompt_tokens >= prefix / 16 * 16);
+    let lc = lc_cached_tokens(&answer);
+    assert!(lc >= prefix / 16 * 16);
     // The folder now caches the object: one file, written whole.
     let cached: Vec<_> = std::fs::read_dir(setup.dir.path().join("machine-b-prefixes"))
         .unwrap()
@@ -529,12 +526,7 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
         "{}",
         escalated.text
     );
-    let lc = escalated
-        .decision
-        .stages
-        .iter()
-        .find(|s| s.stage.as_str() == "lc")
-        .unwrap();
-    assert!(lc.cached_prompt_tokens >= prefix / 16 * 16);
+    let lc = lc_cached_tokens(&escalated);
+    assert!(lc >= prefix / 16 * 16);
     assert_eq!(monitor.tau.model, "qwen2.5-coder-0.5b");
 }
