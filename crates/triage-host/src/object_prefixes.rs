@@ -123,15 +123,16 @@ impl PrefixRemote for ObjectPrefixStore {
 
     fn publish(&self, name: &str, local: &Path) -> triage_engine::Result<bool> {
         let location = self.location(name);
-        let bytes = std::fs::read(local)
+        let payload = std::fs::read(local)
+            .map(PutPayload::from)
             .map_err(|e| self.error(format!("reading {}: {e}", local.display())))?;
+        // A payload is shared buffers: cloning it for a second attempt copies no prefix bytes.
         let put = |mode: PutMode| {
             let options = PutOptions {
                 mode,
                 ..PutOptions::default()
             };
-            self.store
-                .put_opts(&location, PutPayload::from(bytes.clone()), options)
+            self.store.put_opts(&location, payload.clone(), options)
         };
         let uploaded = self.block_on(async {
             if self.store.head(&location).await.is_ok() {
