@@ -278,13 +278,13 @@ fn wait_for_gateway_view(gateway: &str, url: &str, want: impl Fn(u64) -> bool) {
     }
 }
 
-/// A streamed answer of `tiny` long enough to keep a replica's one sequence slot busy while
-/// the test looks; opened (headers read), not read.
-fn hold_slot(url: &str, content: &str) -> reqwest::blocking::Response {
+/// A streamed answer of `tiny` to `content`, exactly `max_tokens` long, sent to the replica at
+/// `url` directly; opened (status 200, headers read), not read.
+fn open_stream(url: &str, content: &str, max_tokens: usize) -> reqwest::blocking::Response {
     let body = json!({
         "model": "tiny",
         "messages": [{"role": "user", "content": content}],
-        "max_tokens": 3000, "ignore_eos": true, "stream": true,
+        "max_tokens": max_tokens, "ignore_eos": true, "stream": true,
     });
     let response = http()
         .post(format!("{url}/v1/chat/completions"))
@@ -413,7 +413,7 @@ fn replicas_behind_smg_stick_to_the_corpus_and_share_its_prefix() {
     // One answer takes about 2 s here (3,000 tokens); four queued behind it keep the queue
     // non-empty for several of SMG's 1 s polls, however slow the machine.
     let held: Vec<_> = (0..5)
-        .map(|i| hold_slot(&owner_url, &format!("hold {i}")))
+        .map(|i| open_stream(&owner_url, &format!("hold {i}"), 3000))
         .collect();
     wait_for_gateway_view(&gateway, &owner_url, |waiting| waiting >= 1);
     let (status, worker, _, body) = ask(&gateway, &question(false));
@@ -443,17 +443,7 @@ fn replicas_behind_smg_stick_to_the_corpus_and_share_its_prefix() {
     );
 
     // SIGTERM while the owner streams a long answer: the stream ends whole.
-    let long = json!({
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "count"}],
-        "max_tokens": 512, "ignore_eos": true, "stream": true,
-    });
-    let response = http()
-        .post(format!("{owner_url}/v1/chat/completions"))
-        .json(&long)
-        .send()
-        .unwrap();
-    let mut reader = BufReader::new(response);
+    let mut reader = BufReader::new(open_stream(&owner_url, "count", 512));
     let mut first = String::new();
     while !first.starts_with("data: ") {
         first.clear();
