@@ -36,13 +36,21 @@ struct State {
 
 __device__ __forceinline__ State empty_state() { return State{-INFINITY, 0.0f, 0.0f, NO_ID}; }
 
-/// The sums moved to a new reference point `to >= st.m`: s' = r·s, t' = r·(t + s·(m - to)).
+/// The sums moved to a new reference point `to >= st.m`: s' = r·s, t' = r·t + (r·s)·(m - to).
+/// In f32 the product s·(m - to) overflows to -inf when the maximum jumps by ~1e38 (then
+/// r·(t + s·shift) is 0·inf = NaN, which the entropy's fmaxf would turn into 0), so r is
+/// applied first, and sums that r flushes to 0 are dropped outright (`shift` may be -inf).
 __device__ __forceinline__ void rescale(State& st, float to) {
     if (st.s > 0.0f) {
         const float shift = st.m - to;
         const float r = expf(shift);
-        st.t = r * (st.t + st.s * shift);
-        st.s = r * st.s;
+        if (r > 0.0f) {
+            st.t = r * st.t + (r * st.s) * shift;
+            st.s = r * st.s;
+        } else {
+            st.s = 0.0f;
+            st.t = 0.0f;
+        }
     }
     st.m = to;
 }
@@ -89,9 +97,11 @@ __device__ __forceinline__ void consume(State& st, TopK& top, int k, float x, un
         if (x > st.m) rescale(st, x);
         st.argmax = id;
     }
-    if (x > -INFINITY) {
-        const float d = x - st.m;
-        const float e = expf(d);
+    // exp(x - m) flushes to 0 below about -104; skipping those also avoids 0·(-inf) when
+    // x - m overflows (x near -3e38, m near +3e38).
+    const float d = x - st.m;
+    const float e = expf(d);
+    if (e > 0.0f) {
         st.s += e;
         st.t += e * d;
     }

@@ -22,8 +22,10 @@ const REL: f32 = 1e-6;
 const ENTROPY_ABS: f32 = 5e-5;
 const ENTROPY_REL: f32 = 1e-4;
 
-/// The kinds of rows every launch holds, one row each.
-fn rows(rng: &mut StdRng, vocab: usize) -> Vec<Vec<f32>> {
+/// The kinds of rows every launch holds, one row each. `spike` is the dtype's largest round
+/// magnitude: a row with ±spike among ordinary logits makes the maximum jump by ~1e38 (f32,
+/// bf16), where f32 sums of `s·(m - m')` overflow.
+fn rows(rng: &mut StdRng, vocab: usize, spike: f32) -> Vec<Vec<f32>> {
     let scale = rng.random_range(0.5..6.0);
     let normal_row = normal(rng, vocab, scale);
     // Few distinct values: ties in max, argmax and top-k everywhere.
@@ -45,7 +47,15 @@ fn rows(rng: &mut StdRng, vocab: usize) -> Vec<Vec<f32>> {
         .map(|x| if rng.random_bool(0.05) { f32::NAN } else { x })
         .collect();
     let all_masked = vec![f32::NEG_INFINITY; vocab];
-    vec![normal_row, ties, masked, with_nan, all_masked]
+    let mut huge: Vec<f32> = normal(rng, vocab, 1e4)
+        .into_iter()
+        .map(|x| x.clamp(-6e4, 6e4))
+        .collect();
+    for _ in 0..vocab.div_ceil(100) {
+        let sign = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+        huge[rng.random_range(0..vocab)] = sign * spike;
+    }
+    vec![normal_row, ties, masked, with_nan, all_masked, huge]
 }
 
 fn check_rows(got: &[f32], want: &[f32], k: usize, context: &str) {
@@ -76,7 +86,12 @@ fn check_rows(got: &[f32], want: &[f32], k: usize, context: &str) {
 }
 
 fn run_case<T: Dtype>(rng: &mut StdRng, vocab: usize, k: usize, threads: u32, offset: usize) {
-    let rows = rows(rng, vocab);
+    let spike = if T::DTYPE == candle_core::DType::F16 {
+        6e4
+    } else {
+        3e38
+    };
+    let rows = rows(rng, vocab, spike);
     let flat: Vec<f32> = rows.concat();
     let logits = convert::<T>(&flat, offset);
     let logits = &logits[offset..];
