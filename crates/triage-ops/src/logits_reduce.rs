@@ -160,7 +160,6 @@ pub fn logits_reduce_slow(logits: &Tensor, k: usize) -> Result<Vec<LogitsStats>>
         .gt(0.0)?
         .where_cond(&(&probs * &logprobs)?, &probs.zeros_like()?)?;
     let entropy = plogp.sum(D::Minus1)?.neg()?;
-    let argmax = xs.argmax(D::Minus1)?.to_vec1::<u32>()?;
     let (max, lse, entropy) = (
         max.squeeze(D::Minus1)?.to_vec1::<f32>()?,
         lse.squeeze(D::Minus1)?.to_vec1::<f32>()?,
@@ -173,10 +172,16 @@ pub fn logits_reduce_slow(logits: &Tensor, k: usize) -> Result<Vec<LogitsStats>>
             max: max[row_idx],
             log_sum_exp: lse[row_idx],
             entropy: entropy[row_idx],
-            argmax: argmax[row_idx],
+            argmax: first_index_of(&rows[row_idx], max[row_idx]),
             top_k: top_k_by_sorting(&rows[row_idx], &logprobs[row_idx], k),
         })
         .collect())
+}
+
+/// The lowest column holding `max` (0 when none does: a row of NaN). Not candle's `argmax`,
+/// whose CUDA kernel returns any of several equal maxima.
+fn first_index_of(row: &[f32], max: f32) -> u32 {
+    row.iter().position(|&x| x == max).unwrap_or(0) as u32
 }
 
 /// Sorted by logit, not logprob: distinct logits can round to equal logprobs.
