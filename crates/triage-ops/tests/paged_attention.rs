@@ -280,7 +280,7 @@ mod cuda {
             scenario(3),
             scenario_with(8, vec![40, 6, 9], vec![20, 6, 1]),
             // 1300 keys: three partitions of 512, merged by log-sum-exp.
-            long_scenario(9, 400, vec![1300, 7, 600], vec![3, 7, 1]),
+            long_scenario(9, 500, vec![1300, 7, 600], vec![3, 7, 1]),
         ];
         for (i, (q, k, v, meta)) in scenarios.iter().enumerate() {
             for dtype in DTYPES {
