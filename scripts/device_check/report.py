@@ -5,6 +5,7 @@ summary.jsonl as {"step", "result", "ok"}; `table` prints them as Markdown.
     report.py parity NAME DEVICE.json CPU.json SUMMARY --min-equal N --logprob-tol X
     report.py ops NAME TEST.log SUMMARY
     report.py bench BENCH.log SUMMARY
+    report.py profile NAME NCU.txt SUMMARY
     report.py e2e DECODE.json PREFIX2K.json PREFIX32K.json HF.json SUMMARY
     report.py table SUMMARY
 """
@@ -68,6 +69,20 @@ def bench(log, summary):
         add(summary, "microbenchmarks", "no output", False)
 
 
+def profile(name, log, summary):
+    """An ncu report: the kernel's duration and its throughput against the memory peak."""
+    text = open(log).read()
+    duration = re.search(r"^\s*Duration\s+(\S+)\s+(\S+)", text, re.M)
+    memory = re.search(r"^\s*Memory Throughput\s+%\s+(\S+)", text, re.M)
+    if duration is None:
+        add(summary, name, "no profile (see the log)", False)
+        return
+    result = f"{duration.group(2)} {duration.group(1)}"
+    if memory is not None:
+        result += f", memory throughput {memory.group(1)} % of peak"
+    add(summary, name, result, True)
+
+
 def e2e(decode_path, p2k_path, p32k_path, hf_path, summary):
     decode = load(decode_path).get("results", [])
     by_c = {r["concurrency"]: r["tokens_per_s"] for r in decode}
@@ -117,6 +132,8 @@ def main(argv):
         ops(*rest)
     elif cmd == "bench":
         bench(*rest)
+    elif cmd == "profile":
+        profile(*rest)
     elif cmd == "e2e":
         e2e(*rest)
     elif cmd == "table":

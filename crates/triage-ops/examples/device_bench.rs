@@ -5,6 +5,7 @@
 //!
 //!   device_bench --device cuda            # the H200 sizes
 //!   device_bench --device cpu --quick     # the dry run: small sizes, same code
+//!   device_bench --device cuda --reduction-only   # one case, for a profiler (ncu)
 //!
 //! Times are means over back-to-back calls after a warm-up, with one `Device::synchronize` at
 //! each end: on the first H200 run a synchronisation per call made a 19 MB copy look like
@@ -31,11 +32,13 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 struct Args {
     device: Device,
     quick: bool,
+    reduction_only: bool,
 }
 
 fn args() -> Result<Args> {
     let mut device = Device::Cpu;
     let mut quick = false;
+    let mut reduction_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -47,10 +50,15 @@ fn args() -> Result<Args> {
                 }
             }
             "--quick" => quick = true,
+            "--reduction-only" => reduction_only = true,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
-    Ok(Args { device, quick })
+    Ok(Args {
+        device,
+        quick,
+        reduction_only,
+    })
 }
 
 /// Mean seconds of `runs` back-to-back calls of `f`, after two warm-up calls.
@@ -167,6 +175,9 @@ fn main() -> Result<()> {
     let copy_gbps = copy_bandwidth_gbps(&a, runs)?;
     let reduce = reduction(&a, runs, copy_gbps)?;
     println!("{reduce}");
+    if a.reduction_only {
+        return Ok(());
+    }
     let lens: &[usize] = if a.quick {
         &[1024]
     } else {
