@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -126,9 +125,11 @@ pub enum WeightSource {
         /// The header's metadata, shared so that the tokenizer can be built from it on another
         /// thread while the weights load.
         metadata: Arc<HashMap<String, gguf_file::Value>>,
-        file: File,
-        /// One tensor's bytes at a time, reused so that loading does not fault in a fresh
-        /// buffer per tensor.
+        /// The whole file, mapped read-only while the weights load: a tensor's bytes are read
+        /// where the page cache holds them, with no copy into a buffer that would have to be
+        /// faulted in first (on a VM, zeroing fresh pages was a sixth of a cold start).
+        map: memmap2::Mmap,
+        /// Tensors asked for together whose bytes are not adjacent in the file, concatenated.
         buffer: Vec<u8>,
     },
     Safetensors {
@@ -162,16 +163,24 @@ impl WeightSource {
     pub fn open_gguf(path: &Path) -> Result<Self> {
         let (mut content, file_size) = crate::gguf_info::read_content(path)?;
         crate::gguf_info::validate_tensors(&content, file_size, path)?;
-        let file = File::open(path).map_err(|source| ModelError::Io {
+        let io = |source| ModelError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the map lives only as long as this source, which is dropped once the model
+        // has loaded, and model files are not rewritten in place meanwhile: `triage models fetch`
+        // writes under a temporary name and renames. A user's own file rewritten during that
+        // second would read torn (or raise SIGBUS if truncated): the assumption llama.cpp and
+        // candle make when they map weights.
+        #[allow(unsafe_code)]
+        let map = unsafe { map_read_only(&file) }.map_err(io)?;
         let metadata = Arc::new(std::mem::take(&mut content.metadata));
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
             content,
             metadata,
-            file,
+            map,
             buffer: Vec::new(),
         })
     }
@@ -363,8 +372,7 @@ impl WeightSource {
         }
     }
 
-    /// A GGUF tensor's type, shape (GGUF's order reversed, as candle reads it) and bytes, read
-    /// into the source's buffer.
+    /// A GGUF tensor's type, shape (GGUF's order reversed, as candle reads it) and bytes.
     fn gguf_bytes(&mut self, gguf_name: &str) -> Result<(GgmlDType, Vec<usize>, &[u8])> {
         let (mut shapes, bytes) = self.read_back_to_back(std::slice::from_ref(&gguf_name))?;
         let (dtype, dims) = shapes
@@ -373,8 +381,8 @@ impl WeightSource {
         Ok((dtype, dims, bytes))
     }
 
-    /// GGUF tensors' types and shapes, and their bytes read one after the other into the
-    /// source's buffer.
+    /// GGUF tensors' types and shapes, and their bytes one after the other: the map's own where
+    /// they are adjacent in the file (a single tensor always is), else copied into the buffer.
     #[allow(clippy::type_complexity)]
     fn read_back_to_back(
         &mut self,
@@ -383,7 +391,7 @@ impl WeightSource {
         let WeightSource::Gguf {
             path,
             content,
-            file,
+            map,
             buffer,
             ..
         } = self
@@ -401,21 +409,24 @@ impl WeightSource {
                 .ok_or_else(|| invalid(path, format!("tensor {name}: impossible shape")))?;
             parts.push((info, num_bytes as usize));
         }
-        buffer.resize(parts.iter().map(|(_, n)| n).sum(), 0);
-        let mut at = 0;
-        for (info, num_bytes) in &parts {
-            let dst = &mut buffer[at..at + num_bytes];
-            file.read_exact_at(dst, content.tensor_data_offset + info.offset)
-                .map_err(|source| ModelError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-            at += num_bytes;
-        }
         let shapes = parts
             .iter()
             .map(|(i, _)| (i.ggml_dtype, i.shape.dims().to_vec()))
             .collect();
+        // `open_gguf` checked that every tensor's bytes lie inside the file, so inside the map.
+        let range = |(info, num_bytes): &(&gguf_file::TensorInfo, usize)| {
+            let start = (content.tensor_data_offset + info.offset) as usize;
+            start..start + num_bytes
+        };
+        let ranges: Vec<_> = parts.iter().map(range).collect();
+        let adjacent = ranges.windows(2).all(|w| w[0].end == w[1].start);
+        if let (true, Some(first), Some(last)) = (adjacent, ranges.first(), ranges.last()) {
+            return Ok((shapes, &map[first.start..last.end]));
+        }
+        buffer.clear();
+        for r in ranges {
+            buffer.extend_from_slice(&map[r]);
+        }
         Ok((shapes, buffer.as_slice()))
     }
 
@@ -425,6 +436,17 @@ impl WeightSource {
             WeightSource::Safetensors { dir, .. } => dir,
         }
     }
+}
+
+/// `file` mapped read-only, whole.
+///
+/// # Safety
+/// Reading the map is undefined behaviour if the file is truncated or modified while it is
+/// mapped; the caller must know that it will not be.
+#[allow(unsafe_code)]
+unsafe fn map_read_only(file: &File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: passed on to the caller (above).
+    unsafe { memmap2::Mmap::map(file) }
 }
 
 /// Map a GGUF tensor name to the HF transformers name (Llama-family decoders, Qwen2 included).
@@ -490,6 +512,41 @@ mod tests {
         let path = dir.join("m.gguf");
         write_tiny_gguf(&path, &spec, dtype).expect("write tiny gguf");
         WeightSource::open_gguf(&path).expect("open tiny gguf")
+    }
+
+    /// Tensors read together give each one's bytes in the order asked, whether they lie
+    /// adjacent in the file (a slice of the map) or not (copied into the buffer).
+    #[test]
+    fn tensors_read_together_are_their_bytes_in_the_order_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut source = tiny_source(dir.path(), GgmlDType::Q8_0);
+        let WeightSource::Gguf { content, .. } = &source else {
+            panic!("not a GGUF source")
+        };
+        let mut by_offset: Vec<(u64, String)> = content
+            .tensor_infos
+            .iter()
+            .map(|(name, info)| (info.offset, name.clone()))
+            .collect();
+        by_offset.sort();
+        let alone = |source: &mut WeightSource, name: &str| -> Vec<u8> {
+            source.gguf_bytes(name).expect("read").2.to_vec()
+        };
+        // Two neighbours in the file, in file order, then the other way round.
+        let (a, b) = by_offset
+            .windows(2)
+            .find_map(|w| {
+                let info = &content.tensor_infos[&w[0].1];
+                let len = crate::gguf_info::tensor_num_bytes(info)?;
+                (w[0].0 + len == w[1].0).then(|| (w[0].1.clone(), w[1].1.clone()))
+            })
+            .expect("the tiny model has two adjacent tensors");
+        for names in [[&a, &b], [&b, &a]] {
+            let want: Vec<u8> =
+                [alone(&mut source, names[0]), alone(&mut source, names[1])].concat();
+            let (_, got) = source.read_back_to_back(&names).expect("read");
+            assert_eq!(got, want.as_slice(), "{names:?}");
+        }
     }
 
     /// Reading Q, K and V back to back and packing once is stacking the packed parts: the
