@@ -125,10 +125,12 @@ pub enum WeightSource {
         /// The header's metadata, shared so that the tokenizer can be built from it on another
         /// thread while the weights load.
         metadata: Arc<HashMap<String, gguf_file::Value>>,
-        /// The whole file, mapped read-only while the weights load: a tensor's bytes are read
-        /// where the page cache holds them, with no copy into a buffer that would have to be
-        /// faulted in first (on a VM, zeroing fresh pages was a sixth of a cold start).
-        map: memmap2::Mmap,
+        file: File,
+        /// The part of the file the last read covered, mapped read-only: a tensor's bytes are
+        /// read where the page cache holds them, with no copy into a buffer that would have to
+        /// be faulted in first (on a VM, zeroing fresh pages was a sixth of a cold start). The
+        /// next read unmaps it, so mapped pages never add more than one read to resident memory.
+        window: Option<memmap2::Mmap>,
         /// Tensors asked for together whose bytes are not adjacent in the file, concatenated.
         buffer: Vec<u8>,
     },
@@ -168,19 +170,13 @@ impl WeightSource {
             source,
         };
         let file = File::open(path).map_err(io)?;
-        // SAFETY: the map lives only as long as this source, which is dropped once the model
-        // has loaded, and model files are not rewritten in place meanwhile: `triage models fetch`
-        // writes under a temporary name and renames. A user's own file rewritten during that
-        // second would read torn (or raise SIGBUS if truncated): the assumption llama.cpp and
-        // candle make when they map weights.
-        #[allow(unsafe_code)]
-        let map = unsafe { map_read_only(&file) }.map_err(io)?;
         let metadata = Arc::new(std::mem::take(&mut content.metadata));
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
             content,
             metadata,
-            map,
+            file,
+            window: None,
             buffer: Vec::new(),
         })
     }
@@ -391,7 +387,8 @@ impl WeightSource {
         let WeightSource::Gguf {
             path,
             content,
-            map,
+            file,
+            window,
             buffer,
             ..
         } = self
@@ -413,19 +410,38 @@ impl WeightSource {
             .iter()
             .map(|(i, _)| (i.ggml_dtype, i.shape.dims().to_vec()))
             .collect();
-        // `open_gguf` checked that every tensor's bytes lie inside the file, so inside the map.
+        // `open_gguf` checked that every tensor's bytes lie inside the file.
         let range = |(info, num_bytes): &(&gguf_file::TensorInfo, usize)| {
             let start = (content.tensor_data_offset + info.offset) as usize;
             start..start + num_bytes
         };
         let ranges: Vec<_> = parts.iter().map(range).collect();
+        let start = ranges.iter().map(|r| r.start).min().unwrap_or(0);
+        let end = ranges.iter().map(|r| r.end).max().unwrap_or(0);
+        // mmap offsets are whole pages; 64 KiB is a multiple of every page size Linux uses.
+        let map_start = start - start % (64 << 10);
+        *window = None; // unmap the last read's pages before mapping the next
+                        // SAFETY: the window is unmapped at the next read or when this source is dropped, once
+                        // the model has loaded, and model files are not rewritten in place meanwhile: `triage
+                        // models fetch` writes under a temporary name and renames. A user's own file rewritten
+                        // during that second would read torn (or raise SIGBUS if truncated): the assumption
+                        // llama.cpp and candle make when they map weights.
+        #[allow(unsafe_code)]
+        let map = unsafe { map_read_only(file, map_start, end - map_start) }.map_err(|source| {
+            ModelError::Io {
+                path: path.clone(),
+                source,
+            }
+        })?;
+        let map = window.insert(map);
+        let local = |r: &std::ops::Range<usize>| r.start - map_start..r.end - map_start;
         let adjacent = ranges.windows(2).all(|w| w[0].end == w[1].start);
-        if let (true, Some(first), Some(last)) = (adjacent, ranges.first(), ranges.last()) {
-            return Ok((shapes, &map[first.start..last.end]));
+        if adjacent {
+            return Ok((shapes, &map[start - map_start..end - map_start]));
         }
         buffer.clear();
-        for r in ranges {
-            buffer.extend_from_slice(&map[r]);
+        for r in &ranges {
+            buffer.extend_from_slice(&map[local(r)]);
         }
         Ok((shapes, buffer.as_slice()))
     }
@@ -438,15 +454,20 @@ impl WeightSource {
     }
 }
 
-/// `file` mapped read-only, whole.
+/// `len` bytes of `file` from `offset` (a multiple of the page size), mapped read-only.
 ///
 /// # Safety
 /// Reading the map is undefined behaviour if the file is truncated or modified while it is
 /// mapped; the caller must know that it will not be.
 #[allow(unsafe_code)]
-unsafe fn map_read_only(file: &File) -> std::io::Result<memmap2::Mmap> {
+unsafe fn map_read_only(file: &File, offset: usize, len: usize) -> std::io::Result<memmap2::Mmap> {
     // SAFETY: passed on to the caller (above).
-    unsafe { memmap2::Mmap::map(file) }
+    unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset as u64)
+            .len(len)
+            .map(file)
+    }
 }
 
 /// Map a GGUF tensor name to the HF transformers name (Llama-family decoders, Qwen2 included).
