@@ -128,7 +128,7 @@ pub enum WeightSource {
         file: File,
         /// The part of the file the last read covered, mapped read-only: a tensor's bytes are
         /// read where the page cache holds them, with no copy into a buffer that would have to
-        /// be faulted in first (on a VM, zeroing fresh pages was a sixth of a cold start). The
+        /// be faulted in first (on a VM, faulting in that buffer and copying into it were a fifth of a cold start). The
         /// next read unmaps it, so mapped pages never add more than one read to resident memory.
         window: Option<memmap2::Mmap>,
         /// Tensors asked for together whose bytes are not adjacent in the file, concatenated.
@@ -165,11 +165,10 @@ impl WeightSource {
     pub fn open_gguf(path: &Path) -> Result<Self> {
         let (mut content, file_size) = crate::gguf_info::read_content(path)?;
         crate::gguf_info::validate_tensors(&content, file_size, path)?;
-        let io = |source| ModelError::Io {
+        let file = File::open(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
-        };
-        let file = File::open(path).map_err(io)?;
+        })?;
         let metadata = Arc::new(std::mem::take(&mut content.metadata));
         Ok(WeightSource::Gguf {
             path: path.to_path_buf(),
@@ -418,14 +417,15 @@ impl WeightSource {
         let ranges: Vec<_> = parts.iter().map(range).collect();
         let start = ranges.iter().map(|r| r.start).min().unwrap_or(0);
         let end = ranges.iter().map(|r| r.end).max().unwrap_or(0);
-        // mmap offsets are whole pages; 64 KiB is a multiple of every page size Linux uses.
+        // mmap offsets are whole pages: 64 KiB is a multiple of Linux's (4, 16 or 64 KiB).
         let map_start = start - start % (64 << 10);
-        *window = None; // unmap the last read's pages before mapping the next
-                        // SAFETY: the window is unmapped at the next read or when this source is dropped, once
-                        // the model has loaded, and model files are not rewritten in place meanwhile: `triage
-                        // models fetch` writes under a temporary name and renames. A user's own file rewritten
-                        // during that second would read torn (or raise SIGBUS if truncated): the assumption
-                        // llama.cpp and candle make when they map weights.
+        // Unmap the last read's pages before mapping the next.
+        *window = None;
+        // SAFETY: the window is unmapped at the next read or when this source is dropped, once
+        // the model has loaded, and model files are not rewritten in place meanwhile: `triage
+        // models fetch` writes under a temporary name and renames. A user's own file rewritten
+        // during that second would read torn (or raise SIGBUS if truncated): the assumption
+        // llama.cpp and candle make when they map weights.
         #[allow(unsafe_code)]
         let map = unsafe { map_read_only(file, map_start, end - map_start) }.map_err(|source| {
             ModelError::Io {
