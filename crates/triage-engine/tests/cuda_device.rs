@@ -125,6 +125,11 @@ fn logits_through(model: &Model, tokens: &[u32], mut cache: ContiguousKvCache) -
         .unwrap()
 }
 
+/// Largest magnitude among the logits: the scale the tolerances are relative to.
+fn scale_of(logits: &[Vec<f32>]) -> f32 {
+    logits.iter().flatten().fold(0f32, |m, x| m.max(x.abs()))
+}
+
 /// Largest absolute difference between two sets of logits.
 fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     a.iter()
@@ -168,7 +173,7 @@ fn gguf_block_types_run_through_the_gpus_quantized_matmul() {
         all_logits(&Model::load("m", &path, opts).unwrap(), &tokens)
     };
     let exact = load(GgmlDType::F32, &cpu_opts);
-    let scale = exact.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = scale_of(&exact);
     for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
         let cpu = load(dtype, &cpu_opts);
         let gpu = load(
@@ -212,7 +217,7 @@ fn the_0_5b_shape_in_f32_gives_the_cpu_logits_and_bf16_stays_within_its_precisio
     let tokens: Vec<u32> = (0..16).map(|t| 100 + 97 * t).collect();
     let load = |opts: &LoadOptions| Model::load("q05", &dir, opts).unwrap();
     let cpu = f32_kv_logits(&load(&LoadOptions::default()), &tokens);
-    let scale = cpu.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = scale_of(&cpu);
     let gpu_f32 = f32_kv_logits(&load(&f32_on_gpu()), &tokens);
     let f32_err = max_abs_diff(&gpu_f32, &cpu);
     let bf16 = all_logits(

@@ -435,9 +435,8 @@ impl WeightSource {
         })?;
         let map = window.insert(map);
         let local = |r: &std::ops::Range<usize>| r.start - map_start..r.end - map_start;
-        let adjacent = ranges.windows(2).all(|w| w[0].end == w[1].start);
-        if adjacent {
-            return Ok((shapes, &map[start - map_start..end - map_start]));
+        if ranges.windows(2).all(|w| w[0].end == w[1].start) {
+            return Ok((shapes, &map[local(&(start..end))]));
         }
         buffer.clear();
         for r in &ranges {
