@@ -119,7 +119,14 @@ fn eval_config(
 
 fn eval(args: EvalArgs) -> Result<()> {
     let systems = cli::eval::parse_systems(&args.systems)?;
-    let config = eval_config(args.suite, &args.split, args.out, systems)?;
+    if let Some(file) = args.export {
+        let config = eval_config(args.suite, &args.split, file.clone(), systems)?;
+        let questions = cli::eval::export(&config, &file)?;
+        eprintln!("{questions} questions written to {}", file.display());
+        return Ok(());
+    }
+    let out = args.out.context("--out names the run directory")?;
+    let config = eval_config(args.suite, &args.split, out, systems)?;
     let report = cli::eval::run(&config)?.report;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

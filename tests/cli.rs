@@ -173,6 +173,13 @@ fn bad_input_is_a_clear_error() {
             ],
             "dev or test",
         ),
+        (vec!["eval", "--suite", "passkey"], "--out"),
+        (
+            vec![
+                "eval", "--suite", "passkey", "--out", "/tmp/x", "--export", "/tmp/y",
+            ],
+            "cannot be used with",
+        ),
         (
             vec![
                 "calibrate",

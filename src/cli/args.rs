@@ -108,13 +108,17 @@ pub struct EvalArgs {
     #[arg(long, default_value = "none,rag,hybrid,lc,edar,dtr,self-route,oracle")]
     pub systems: String,
     /// Run directory (results.jsonl, report.md, report.json, figures); a rerun resumes it.
-    #[arg(long)]
-    pub out: std::path::PathBuf,
+    #[arg(long, required_unless_present = "export")]
+    pub out: Option<std::path::PathBuf>,
     #[arg(long, default_value = "test")]
     pub split: String,
     /// Print the report as JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
+    /// Answer nothing: write the suite's corpora and questions to this file (JSON lines, one
+    /// corpus and its questions a line), to run the same suite on another engine.
+    #[arg(long, conflicts_with = "out")]
+    pub export: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]

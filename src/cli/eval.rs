@@ -160,17 +160,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
     triage_config.pipeline.prefix_dir = Some(scratch.path().join("prefixes"));
     triage_config.pipeline.corpora.clear();
     let mut engine = Engine::new(triage_config)?.with_store(scratch.path());
-    // The tokenizer takes any text; were it to refuse one, 4 characters a token stands in.
-    let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
-    let params = SuiteParams {
-        split: config.split,
-        seed: config.seed,
-        limit: config.limit,
-        context_tokens: config.context_tokens,
-        count_tokens: &count,
-        data_dir: triage_models::paths::data_dir(),
-    };
-    let groups = suites::build(config.suite, &params)?;
+    let groups = build_groups(config, &engine)?;
     // Unanswerable questions are right only when abstained from: every system may abstain.
     let mut base_routing = config.config.routing.clone();
     if groups
@@ -293,6 +283,39 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         .collect();
     let report = write_report(&rows, &config.out, config.seed, &manifest)?;
     Ok(EvalRun { rows, report })
+}
+
+/// The suite's groups, corpora measured in the long-context model's tokens.
+fn build_groups(config: &EvalConfig, engine: &Engine) -> Result<Vec<Group>> {
+    // The tokenizer takes any text; were it to refuse one, 4 characters a token stands in.
+    let count = |text: &str| engine.count_tokens(text).unwrap_or(text.len() / 4);
+    let params = SuiteParams {
+        split: config.split,
+        seed: config.seed,
+        limit: config.limit,
+        context_tokens: config.context_tokens,
+        count_tokens: &count,
+        data_dir: triage_models::paths::data_dir(),
+    };
+    Ok(suites::build(config.suite, &params)?)
+}
+
+/// Write the suite's groups to `file`, one JSON line each (`id`, `documents`, and `examples`
+/// cut to the limit as a run asks them), answering nothing: the same corpora and questions for
+/// another engine. Returns the number of questions written.
+pub fn export(config: &EvalConfig, file: &Path) -> Result<usize> {
+    let scratch = tempfile::tempdir().context("creating a scratch corpus store")?;
+    let mut triage_config = config.config.clone();
+    triage_config.pipeline.corpora.clear();
+    let engine = Engine::new(triage_config)?.with_store(scratch.path());
+    let groups = build_groups(config, &engine)?;
+    let mut out = String::new();
+    for group in &groups {
+        out.push_str(&serde_json::to_string(group)?);
+        out.push('\n');
+    }
+    std::fs::write(file, out).with_context(|| format!("writing {}", file.display()))?;
+    Ok(groups.iter().map(|g| g.examples.len()).sum())
 }
 
 /// What makes a run directory's answers comparable: the suite's identity (name, split, seed,

@@ -100,6 +100,39 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
 }
 
 #[test]
+fn an_export_holds_the_questions_a_run_asks_and_the_corpora_that_answer_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("suite.jsonl");
+    let mut config = config(dir.path(), &file);
+    config.limit = 5;
+    assert_eq!(eval::export(&config, &file).unwrap(), 5);
+    let groups: Vec<serde_json::Value> = lines(&file)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut asked = 0;
+    for group in &groups {
+        let text: String = group["documents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["text"].as_str().unwrap())
+            .collect();
+        for example in group["examples"].as_array().unwrap() {
+            let question = example["question"].as_str().unwrap();
+            let gold = example["golds"][0].as_str().unwrap();
+            assert!(!question.is_empty() && text.contains(gold), "{example}");
+            asked += 1;
+        }
+    }
+    assert_eq!(asked, 5);
+    // A second export of the same settings is the same file: the suite is seeded.
+    let first = std::fs::read(&file).unwrap();
+    eval::export(&config, &file).unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), first);
+}
+
+#[test]
 fn calibration_is_refused_on_the_test_split() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), &dir.path().join("run"));

@@ -40,7 +40,7 @@ pub struct Example {
 }
 
 /// A corpus and the questions asked over it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Group {
     pub id: String,
     pub documents: Vec<Document>,
