@@ -61,6 +61,9 @@ pub enum RagSearch {
     Dense,
     /// Dense plus a pseudo-passage written by the base model.
     Dual,
+    /// Dense and BM25 fused by RRF for every RAG answer, without asking the gain policy:
+    /// corpora of identifiers (keys, codes, part numbers) that embeddings do not tell apart.
+    Hybrid,
 }
 
 /// Who reorders the retrieved candidates.
@@ -225,6 +228,15 @@ impl RoutingConfig {
         }
         if self.actions.is_empty() {
             return bad("routing.actions must allow at least one path");
+        }
+        if self.retrieval.search == RagSearch::Hybrid
+            && self.allows(RoutePath::Rag)
+            && !self.allows(RoutePath::Hybrid)
+        {
+            return bad(
+                "routing.retrieval.search = \"hybrid\" answers every RAG question on the hybrid \
+                 path: add \"hybrid\" to routing.actions",
+            );
         }
         if self.gate_max_tokens == 0 || self.rag_max_tokens == 0 || self.lc_max_tokens == 0 {
             return bad("the routing max_tokens settings must be at least 1");

@@ -20,7 +20,7 @@ use triage_router::decision::{MonitorVerdict, SearchKind, Stage};
 use triage_router::gain_policy::{GainPolicy, GainPolicyModel, GainReport};
 use triage_router::linear::{RidgeModel, Standardizer};
 use triage_router::long_context::{corpus_text, LongContextPrompt};
-use triage_router::routing_config::ClassifierSetting;
+use triage_router::routing_config::{ClassifierSetting, RagSearch};
 use triage_router::{
     AnswerEvent, AskRequest, CorpusView, Generated, Generator, ModelRole, PinnedPrefix, Pipeline,
     Route, RoutePath, RouterError, RoutingConfig,
@@ -832,6 +832,27 @@ fn the_gain_policy_sends_a_query_to_the_hybrid_search() {
     )
     .unwrap();
     assert_eq!(out.answer.decision.path, RoutePath::Rag);
+}
+
+#[test]
+fn search_hybrid_sends_every_rag_answer_to_the_hybrid_search_without_a_policy() {
+    let f = fixture();
+    let mut c = config();
+    c.retrieval.search = RagSearch::Hybrid;
+    let mut g = Scripted::new(f.model.clone());
+    for route in [Route::Auto, Route::Rag] {
+        let mut request = question("What is the capital of France?");
+        request.route = route;
+        let out = ask(&f, &mut g, c.clone(), request, true).unwrap();
+        assert_eq!(out.answer.decision.path, RoutePath::Hybrid, "{route:?}");
+        let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
+        assert_eq!(retrieval.search, SearchKind::Hybrid, "{route:?}");
+        assert!(retrieval.gain_policy.is_none(), "{route:?}");
+    }
+    // Settings that allow RAG but not the hybrid path contradict it.
+    c.actions = vec![RoutePath::Rag, RoutePath::Lc];
+    let err = Pipeline::new(c).unwrap_err().to_string();
+    assert!(err.contains("add \"hybrid\" to routing.actions"), "{err}");
 }
 
 #[test]

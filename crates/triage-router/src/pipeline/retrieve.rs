@@ -24,6 +24,9 @@ impl Run<'_, '_> {
 
     /// Whether the gain policy sends this query to the hybrid search.
     pub(super) fn choose_hybrid(&mut self) -> Result<bool> {
+        if self.config().retrieval.search == RagSearch::Hybrid {
+            return Ok(true);
+        }
         let Some(policy) = &self.pipeline.gain_policy else {
             return Ok(false);
         };
@@ -54,7 +57,7 @@ impl Run<'_, '_> {
         let started = Instant::now();
         let settings = self.config().retrieval.clone();
         let mode = match (hybrid, settings.search) {
-            (true, _) => RetrieveMode::Hybrid,
+            (true, _) | (false, RagSearch::Hybrid) => RetrieveMode::Hybrid,
             (false, RagSearch::Dense) => RetrieveMode::Dense,
             (false, RagSearch::Dual) => RetrieveMode::Dual,
         };

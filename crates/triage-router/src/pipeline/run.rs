@@ -13,7 +13,7 @@ use super::{AnswerEvent, AskRequest, CorpusView, Pipeline};
 use crate::decision::DecisionRecord;
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, Generator};
-use crate::routing_config::{Route, RoutePath, RoutingConfig};
+use crate::routing_config::{RagSearch, Route, RoutePath, RoutingConfig};
 
 /// Milliseconds since `since`.
 pub(super) fn ms(since: Instant) -> f64 {
@@ -145,7 +145,7 @@ impl<'p, 'a> Run<'p, 'a> {
         match self.request.route {
             Route::Auto => self.auto(),
             Route::None => self.forced_none(),
-            Route::Rag => self.forced_rag(false),
+            Route::Rag => self.forced_rag(self.always_hybrid()),
             Route::Hybrid => self.forced_rag(true),
             Route::Lc => self.long_context("route forced to lc"),
         }
@@ -178,6 +178,11 @@ impl<'p, 'a> Run<'p, 'a> {
         Ok(self.closed_book(answer))
     }
 
+    /// `search = "hybrid"`: every RAG answer, forced or not, searches dense and BM25.
+    fn always_hybrid(&self) -> bool {
+        self.config().retrieval.search == RagSearch::Hybrid
+    }
+
     fn forced_rag(&mut self, hybrid: bool) -> Result<String> {
         let outcome = self.rag(hybrid, Fallback::Forced)?;
         self.record.reason = outcome.verdict.reason;
@@ -196,7 +201,7 @@ impl<'p, 'a> Run<'p, 'a> {
         let path = match self.request.route {
             Route::Auto => return self.plan_only(),
             Route::None => RoutePath::None,
-            Route::Rag => RoutePath::Rag,
+            Route::Rag => rag_path(self.always_hybrid()),
             Route::Hybrid => RoutePath::Hybrid,
             Route::Lc => RoutePath::Lc,
         };
