@@ -30,6 +30,12 @@ pub struct Chunk {
     /// Byte range of `text` in the document.
     pub start: usize,
     pub end: usize,
+    /// The whitespace between the previous chunk's end and `start` (blank lines between
+    /// paragraphs, a line break after a heading), so the document can be laid out again as it
+    /// was; empty for the first chunk and for a window overlapping the one before. Corpora
+    /// stored before it existed read it as empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub separator: String,
 }
 
 /// Chunk sizes in tokens of the embedder's tokenizer.
@@ -173,7 +179,7 @@ pub fn chunk_document(
         )));
     }
     let text = &doc.text;
-    let mut chunks = Vec::new();
+    let mut chunks: Vec<Chunk> = Vec::new();
     let mut emit = |kind: ChunkKind, start: usize, end: usize| {
         let piece = text[start..end].trim();
         if piece.is_empty() {
@@ -181,6 +187,10 @@ pub fn chunk_document(
         }
         let lead = text[start..end].len() - text[start..end].trim_start().len();
         let start = start + lead;
+        let separator = match chunks.last() {
+            Some(previous) if previous.end < start => text[previous.end..start].to_string(),
+            _ => String::new(),
+        };
         chunks.push(Chunk {
             id: chunk_id(&doc.id, kind, piece),
             doc_id: doc.id.clone(),
@@ -189,6 +199,7 @@ pub fn chunk_document(
             text: piece.to_string(),
             start,
             end: start + piece.len(),
+            separator,
         });
     };
     // A run of paragraphs being packed: byte range and token count.
@@ -287,6 +298,20 @@ mod tests {
             assert_eq!(&text[c.start..c.end], c.text, "offsets point at the text");
             assert_eq!(c.id.len(), 32);
         }
+        // The whitespace between chunks is kept, so the document can be laid out again.
+        let separators: Vec<&str> = chunks.iter().map(|c| c.separator.as_str()).collect();
+        assert_eq!(separators, ["", "\n\n", "\n\n", "\n\n", "\n", "\n"]);
+        let mut rebuilt = String::new();
+        for c in &chunks {
+            rebuilt.push_str(&c.separator);
+            rebuilt.push_str(&c.text);
+        }
+        assert_eq!(rebuilt, text);
+        // A corpus stored before separators existed still reads.
+        let mut old = serde_json::to_value(&chunks[1]).unwrap();
+        old.as_object_mut().unwrap().remove("separator");
+        let read: Chunk = serde_json::from_value(old).unwrap();
+        assert_eq!(read.separator, "");
         let again = chunk_document(&doc(&text), &WordOffsets, &config).unwrap();
         assert_eq!(chunks, again, "stable ids");
     }
@@ -304,6 +329,11 @@ mod tests {
         assert_eq!(windows[0], words(8, 0));
         assert_eq!(windows[1], words(8, 5), "windows overlap by 3 tokens");
         assert!(windows.last().unwrap().ends_with("w19"));
+        assert_eq!(chunks[1].separator, "\n\n");
+        assert!(
+            chunks[2..].iter().all(|c| c.separator.is_empty()),
+            "windows overlap"
+        );
         assert!(chunk_document(
             &doc("x"),
             &WordOffsets,

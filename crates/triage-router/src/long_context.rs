@@ -73,7 +73,8 @@ the answer only, in a few words, taken from the documents.";
 /// Stands for the question while the template renders; split out afterwards.
 const MARKER: &str = "\u{1}QUESTION\u{1}";
 
-/// The documents of `corpus` reassembled from their chunks (overlaps removed), in the corpus's
+/// The documents of `corpus` reassembled from their chunks (overlaps removed, the whitespace
+/// between chunks as it was), in the corpus's
 /// order (documents added later come last, so an appended document leaves the tokens before it,
 /// and their cached blocks, as they were), each under a `[doc_id] title` line.
 pub fn corpus_text(corpus: &Corpus) -> String {
@@ -104,7 +105,12 @@ pub fn corpus_text(corpus: &Corpus) -> String {
             let skip = end.saturating_sub(c.start);
             let piece = c.text.get(skip..).unwrap_or(&c.text);
             if c.start > end && end > 0 {
-                out.push(' ');
+                // The document's own whitespace; a corpus stored before chunks kept it has none.
+                out.push_str(if c.separator.is_empty() {
+                    " "
+                } else {
+                    &c.separator
+                });
             }
             out.push_str(piece);
             end = c.end;

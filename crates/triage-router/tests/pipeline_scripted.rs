@@ -935,6 +935,29 @@ fn the_long_context_prompt_shares_its_prefix_across_questions() {
     assert_eq!(whole, b);
 }
 
+#[test]
+fn the_long_context_prompt_keeps_a_documents_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "# Keys\n\n{\n  \"a1\": \"b1\",\n\n  \"a2\": \"b2\"\n}\n\n## Notes\n- one\n- two three four five six seven";
+    let doc = Document {
+        id: "k".into(),
+        title: "keys".into(),
+        text: text.into(),
+    };
+    let store = CorpusStore::new(dir.path());
+    let chunker = ChunkerConfig {
+        max_tokens: 4,
+        overlap_tokens: 1,
+    };
+    store
+        .ingest("c", &[doc], &[], &EMBEDDER, &WordOffsets, chunker)
+        .unwrap();
+    let corpus = store.open("c").unwrap();
+    assert!(corpus.chunks().len() > 4, "several chunks, one overlapping");
+    // Blank lines and line breaks between chunks are the document's, not spaces.
+    assert_eq!(corpus_text(&corpus), format!("[k] keys\n{text}\n\n"));
+}
+
 fn combined_file(dir: &Path, bias: f64) -> std::path::PathBuf {
     use triage_router::combined_score::{CombinedScore, CombinedScoreModel, INPUTS};
     use triage_router::linear::LogisticModel;
