@@ -55,11 +55,12 @@ def main():
     from llama_cpp import Llama
 
     groups = [json.loads(line) for line in open(args.suite)]
-    ours = {}
+    ours, our_tokens = {}, {}
     for line in open(os.path.join(args.run, "results.jsonl")):
         row = json.loads(line)
         if row["system"] == "lc":
             ours[row["example"]] = row["answer"]
+            our_tokens[row["example"]] = row["prompt_tokens"]
     theirs = {}
     if args.out and os.path.exists(args.out):
         for line in open(args.out):
@@ -112,9 +113,9 @@ def main():
     alike = sum(ours[e["id"]].strip() == theirs[e["id"]]["answer"].strip() for e in asked)
     both = sum(right(ours[e["id"]], e) and right(theirs[e["id"]]["answer"], e) for e in asked)
     n = len(asked)
-    print(f"{n} questions; prompt tokens (llama.cpp) "
-          f"{min(theirs[e['id']]['prompt_tokens'] for e in asked)}–"
-          f"{max(theirs[e['id']]['prompt_tokens'] for e in asked)}")
+    # The same text tokenized by both engines: a difference means the prompts differ.
+    gap = [theirs[e["id"]]["prompt_tokens"] - our_tokens[e["id"]] for e in asked]
+    print(f"{n} questions; llama.cpp's prompt minus triage's, in tokens: {min(gap)} to {max(gap)}")
     print(f"accuracy: triage {ours_right / n:.3f}, llama.cpp {theirs_right / n:.3f}; "
           f"both right {both}; same answer text {alike} of {n}")
     for e in asked:
