@@ -6,29 +6,43 @@
 # and auto (the calibrated routing) on 300 test questions, each with its report.md. Hours per
 # suite on 2 CPU cores: run it in the background. Usage: benches/eval/run_at_length.sh [SUITE ...]
 #   TRIAGE_BIN (default target/release/triage), OUT (default ~/.cache/triage/eval16k),
-#   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300).
+#   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300),
+#   SEARCH (default dense; hybrid: dense + BM25 on every RAG answer, calibrated and tested as
+#   such, in runs named SUITE-TOKENS-hybrid-...).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
 TOKENS=${TOKENS:-16384}
 DEV=${DEV:-100}
 TEST=${TEST:-300}
+SEARCH=${SEARCH:-dense}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
 SIGNALS='samples = 5
 probe_layers = [6, 12, 18, 23]'
 mkdir -p "$OUT"
-printf '[routing.monitor]\n%s\n' "$SIGNALS" > "$OUT/signals.toml"
+if [ "$SEARCH" = dense ]; then
+    # Runs from before SEARCH existed keep their names and settings files.
+    TAG=$TOKENS
+    printf '[routing.monitor]\n%s\n' "$SIGNALS" > "$OUT/signals.toml"
+    SETTINGS=$OUT/signals.toml
+else
+    TAG=$TOKENS-$SEARCH
+    SETTINGS=$OUT/signals-$SEARCH.toml
+    printf '[routing.monitor]\n%s\n\n[routing.retrieval]\nsearch = "%s"\n' "$SIGNALS" "$SEARCH" \
+        > "$SETTINGS"
+fi
 for suite in $SUITES; do
-    echo "== $suite: dev ($DEV questions at $TOKENS tokens), $(date -u +%FT%TZ)"
+    echo "== $suite: dev ($DEV questions at $TOKENS tokens, $SEARCH search), $(date -u +%FT%TZ)"
     "$BIN" calibrate --suite "$suite" --context-tokens "$TOKENS" --limit "$DEV" --quiet \
-        --config "$OUT/signals.toml" --runs "$OUT/$suite-$TOKENS-dev" --min-retained 0.95 --cheapest \
-        --out "$OUT/$suite-$TOKENS-calibrated.toml"
-    # The test run records the same signals under the calibrated τ.
+        --config "$SETTINGS" --runs "$OUT/$suite-$TAG-dev" --min-retained 0.95 --cheapest \
+        --out "$OUT/$suite-$TAG-calibrated.toml"
+    # The test run records the same signals under the calibrated τ (and the retrieval settings
+    # the calibrated file carries).
     awk -v signals="$SIGNALS" '{ print } /^\[routing\.monitor\]$/ { print signals }' \
-        "$OUT/$suite-$TOKENS-calibrated.toml" > "$OUT/$suite-$TOKENS-routing.toml"
+        "$OUT/$suite-$TAG-calibrated.toml" > "$OUT/$suite-$TAG-routing.toml"
     echo "== $suite: test ($TEST questions), $(date -u +%FT%TZ)"
     "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$TEST" --split test --quiet \
-        --systems rag,lc,auto --config "$OUT/$suite-$TOKENS-routing.toml" \
-        --out "$OUT/$suite-$TOKENS-test"
+        --systems rag,lc,auto --config "$OUT/$suite-$TAG-routing.toml" \
+        --out "$OUT/$suite-$TAG-test"
     echo "== $suite: done, $(date -u +%FT%TZ)"
 done

@@ -13,7 +13,9 @@ use triage_eval::report;
 use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
-use triage_router::routing_config::{Calibration, ClassifierSetting, RagSearch, UNANSWERABLE};
+use triage_router::routing_config::{
+    Calibration, ClassifierSetting, RagSearch, RetrievalSettings, UNANSWERABLE,
+};
 use triage_router::{Route, RoutePath, RoutingConfig};
 
 use triage::{AskRequest, Engine, ModelRole, TriageConfig};
@@ -476,7 +478,9 @@ fn settings_section(m: &serde_json::Value) -> String {
     )
 }
 
-/// What `triage calibrate` writes: a `[routing.monitor]` table the engine and the server read.
+/// What `triage calibrate` writes: `[routing.monitor]` and `[routing.retrieval]` tables the
+/// engine and the server read. The retrieval settings travel with τ: the RAG answers it was
+/// chosen on came from them, and another search (dense or hybrid) moves the statistic.
 #[derive(Debug, Serialize)]
 struct CalibratedFile {
     routing: CalibratedRouting,
@@ -485,6 +489,7 @@ struct CalibratedFile {
 #[derive(Debug, Serialize)]
 struct CalibratedRouting {
     monitor: CalibratedMonitor,
+    retrieval: RetrievalSettings,
 }
 
 #[derive(Debug, Serialize)]
@@ -496,10 +501,15 @@ struct CalibratedMonitor {
     calibration: Calibration,
 }
 
-/// The routing TOML for a calibration.
-pub fn calibrated_toml(tau: f64, calibration: &Calibration) -> Result<String> {
+/// The routing TOML for a calibration on RAG answers retrieved with `retrieval`.
+pub fn calibrated_toml(
+    tau: f64,
+    calibration: &Calibration,
+    retrieval: &RetrievalSettings,
+) -> Result<String> {
     let file = CalibratedFile {
         routing: CalibratedRouting {
+            retrieval: retrieval.clone(),
             monitor: CalibratedMonitor {
                 tau: tau as f32,
                 window: calibration.window,
@@ -532,7 +542,7 @@ pub fn calibrate(
     run_config.systems = vec![System::Rag, System::Lc];
     let done = run(&run_config)?;
     let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
-    let text = calibrated_toml(chosen.tau, &calibration)?;
+    let text = calibrated_toml(chosen.tau, &calibration, &config.config.routing.retrieval)?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok((chosen, calibration))
 }
@@ -594,9 +604,16 @@ mod tests {
             accuracy_retained: 0.97,
             token_reduction: 0.3,
         };
-        let text = calibrated_toml(0.85, &calibration).unwrap();
+        let retrieval = RetrievalSettings {
+            search: RagSearch::Hybrid,
+            k: 6,
+            ..RetrievalSettings::default()
+        };
+        let text = calibrated_toml(0.85, &calibration, &retrieval).unwrap();
         let config = TriageConfig::from_toml_str(&text).unwrap();
         assert_eq!(config.routing.monitor.tau, 0.85);
+        // τ holds for the retrieval its RAG answers came from, so the file carries it.
+        assert_eq!(config.routing.retrieval, retrieval);
         assert_eq!(
             config.routing.monitor.calibration.as_ref(),
             Some(&calibration)
