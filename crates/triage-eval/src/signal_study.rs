@@ -55,7 +55,7 @@ pub const GROUPS: [(&str, &[usize]); 5] = [
     ("token uncertainty", &[0, 1, 2, 3, 4, 6, 13, 14]),
     ("self-route decline", &[5]),
     ("retrieval features", &[7, 8, 9, 10, 11, 12]),
-    ("grounding", &[15, 16, 17, 18, 19]),
+    ("grounding", &[15, 16, 17, 18, 19, 21]),
     ("sample agreement", &[20]),
 ];
 

@@ -406,6 +406,7 @@ mod tests {
             chunk_score: 0.75,
             chunk_margin: f32::NAN,
             unsupported_words: 0.0,
+            question_support: f32::NAN,
         });
         let json = serde_json::to_string(&record).unwrap();
         assert!(json.contains(r#""min_token_prob":0.25,"span_max_entropy":1.5},"grounding":{"verbatim":1.0,"chunk_rank":2.0,"chunk_score":0.75,"chunk_margin":null,"unsupported_words":0.0}"#), "{json}");

@@ -119,6 +119,16 @@ pub struct GroundingFeatures {
     /// Share of the answer's words found nowhere in the retrieved chunks.
     #[serde(deserialize_with = "or_nan")]
     pub unsupported_words: f32,
+    /// Share of the question's words (those the chunks hold at all) that the line or sentence
+    /// holding the answer span also holds: a value read from the record or sentence the
+    /// question is about scores 1, a neighbour's 0. 0 when no line or sentence holds the span
+    /// or the span only repeats words of the question; NaN without answer words.
+    #[serde(
+        default = "nan_f32",
+        deserialize_with = "or_nan",
+        skip_serializing_if = "is_nan_f32"
+    )]
+    pub question_support: f32,
 }
 
 impl AnswerSignals {
@@ -184,7 +194,7 @@ impl ProbeStates {
 
 /// The combined escalation score's inputs, in order; each oriented so that larger means more
 /// likely wrong where the sign is known.
-pub const COMBINED_INPUTS: [&str; 21] = [
+pub const COMBINED_INPUTS: [&str; 22] = [
     "mean_entropy",
     "span_mean_entropy",
     "max_entropy",
@@ -206,6 +216,7 @@ pub const COMBINED_INPUTS: [&str; 21] = [
     "neg_grounding_margin",
     "unsupported_words",
     "sample_disagreement",
+    "question_unsupported",
 ];
 
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
@@ -233,6 +244,7 @@ pub fn combined_inputs(
         chunk_score: f32::NAN,
         chunk_margin: f32::NAN,
         unsupported_words: f32::NAN,
+        question_support: f32::NAN,
     });
     row.extend([
         1.0 - g.verbatim,
@@ -241,6 +253,7 @@ pub fn combined_inputs(
         -g.chunk_margin,
         g.unsupported_words,
         1.0 - signals.sample_agreement,
+        1.0 - g.question_support,
     ]);
     row
 }

@@ -41,6 +41,7 @@ fn answer(text: &str, path: RoutePath, monitored: Option<AnswerSignals>) -> Rout
             chunk_score: 0.5,
             chunk_margin: 0.1,
             unsupported_words: 0.0,
+            question_support: 1.0,
         }),
         probe: None,
         probe_score: None,

@@ -313,6 +313,7 @@ impl Run<'_, '_> {
             .map(|h| (h.chunk.text.as_str(), h.score))
             .collect();
         let grounding = grounding(
+            &self.request.question,
             &answer_span_text(&generated.tokens, &settings.preambles),
             &chunks,
         );
