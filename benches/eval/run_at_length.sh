@@ -8,7 +8,8 @@
 #   TRIAGE_BIN (default target/release/triage), OUT (default ~/.cache/triage/eval16k),
 #   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300),
 #   SEARCH (default dense; hybrid: dense + BM25 on every RAG answer, calibrated and tested as
-#   such, in runs named SUITE-TOKENS-hybrid-...).
+#   such, in runs named SUITE-TOKENS-hybrid-...), STAGES (default "dev test"; "dev" calibrates
+#   every suite first and leaves the test splits for a later run).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
@@ -16,6 +17,7 @@ TOKENS=${TOKENS:-16384}
 DEV=${DEV:-100}
 TEST=${TEST:-300}
 SEARCH=${SEARCH:-dense}
+STAGES=${STAGES:-dev test}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
 SIGNALS='samples = 5
 probe_layers = [6, 12, 18, 23]'
@@ -32,6 +34,7 @@ else
         > "$SETTINGS"
 fi
 for suite in $SUITES; do
+    case " $STAGES " in *" dev "*) ;; *) continue ;; esac
     echo "== $suite: dev ($DEV questions at $TOKENS tokens, $SEARCH search), $(date -u +%FT%TZ)"
     "$BIN" calibrate --suite "$suite" --context-tokens "$TOKENS" --limit "$DEV" --quiet \
         --config "$SETTINGS" --runs "$OUT/$suite-$TAG-dev" --min-retained 0.95 --cheapest \
@@ -40,6 +43,9 @@ for suite in $SUITES; do
     # the calibrated file carries).
     awk -v signals="$SIGNALS" '{ print } /^\[routing\.monitor\]$/ { print signals }' \
         "$OUT/$suite-$TAG-calibrated.toml" > "$OUT/$suite-$TAG-routing.toml"
+done
+for suite in $SUITES; do
+    case " $STAGES " in *" test "*) ;; *) continue ;; esac
     echo "== $suite: test ($TEST questions), $(date -u +%FT%TZ)"
     "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$TEST" --split test --quiet \
         --systems rag,lc,auto --config "$OUT/$suite-$TAG-routing.toml" \
