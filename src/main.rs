@@ -164,10 +164,16 @@ fn signals(args: SignalsArgs) -> Result<()> {
         Ok(out)
     };
     let (train, test) = (load(&args.train)?, load(&args.test)?);
-    if train.is_empty() || test.is_empty() {
+    if train.is_empty() || (test.is_empty() && !args.test.is_empty()) {
         anyhow::bail!("no monitored RAG answers to study (run triage eval with the rag system)");
     }
-    let study = signal_study::study(&train, &test)?;
+    let study = if args.test.is_empty() {
+        signal_study::leave_one_corpus_out(&train)?.with_context(|| {
+            "the train runs hold one corpus, so none can be held out: pass --test runs"
+        })?
+    } else {
+        signal_study::study(&train, &test)?
+    };
     if let Some(path) = &args.save_combined {
         let model_id = args
             .train

@@ -909,6 +909,18 @@ fn signals_studies_eval_runs_and_refuses_to_fit_on_test() {
         &triage(&["signals", "--train", &s(&test), "--test", &s(&test)]),
         "fit on dev runs only",
     );
+    // Dev runs alone: each of the 5 corpora is scored by what the other 4 fitted.
+    let out = triage(&["signals", "--train", &s(&dev)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        md.contains("30 dev answers") && md.contains("each of 5 corpora"),
+        "{md}"
+    );
     assert_clean_failure(
         &triage(&[
             "signals",

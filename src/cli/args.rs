@@ -155,8 +155,9 @@ pub struct SignalsArgs {
     /// Run directories (their results.jsonl) to fit on: dev splits, never the test runs.
     #[arg(long, required = true)]
     pub train: Vec<std::path::PathBuf>,
-    /// Run directories to score.
-    #[arg(long, required = true)]
+    /// Run directories to score. Without them the train answers are scored corpus by corpus,
+    /// each held out from what scores it (for dev runs before any test run).
+    #[arg(long)]
     pub test: Vec<std::path::PathBuf>,
     /// Also save the combined score fitted on every train answer, for `[routing.monitor]
     /// combined_score`.

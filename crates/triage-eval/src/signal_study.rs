@@ -19,6 +19,8 @@ use crate::system::System;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Labelled {
     pub suite: String,
+    /// The corpus the question was asked over (the run's group), the unit held out together.
+    pub corpus: String,
     /// The example's sub-population ("answerable", "unanswerable", ...), when the suite has one.
     pub kind: Option<String>,
     pub inputs: Vec<f32>,
@@ -36,6 +38,7 @@ pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
             let features = r.decision.retrieval.as_ref().and_then(|x| x.features);
             Some(Labelled {
                 suite: r.suite.clone(),
+                corpus: r.group.clone(),
                 kind: r.kind.clone(),
                 inputs: combined_inputs(
                     &m.signals,
@@ -68,6 +71,9 @@ pub struct Named {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Study {
+    /// 0 for a study of test runs; else the corpora held out in turn (`leave_one_corpus_out`),
+    /// whose AUROCs are averaged.
+    pub folds: usize,
     pub train_answers: usize,
     pub test_answers: usize,
     pub test_error_rate: f64,
@@ -154,6 +160,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         Vec::new()
     };
     Ok(Study {
+        folds: 0,
         train_answers: train.len(),
         test_answers: test.len(),
         test_error_rate: labels.iter().filter(|w| **w).count() as f64 / labels.len().max(1) as f64,
@@ -164,6 +171,72 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         by_kind,
         probes,
     })
+}
+
+/// The study of dev answers alone, before any test run: each corpus held out in turn and scored
+/// by scores fitted on the other corpora's answers (questions over one corpus share its
+/// distractors, so they are never split), every AUROC the mean over the corpora where it
+/// exists. `None` with fewer than two corpora.
+pub fn leave_one_corpus_out(rows: &[Labelled]) -> Result<Option<Study>, FitError> {
+    let mut corpora: Vec<&str> = rows.iter().map(|l| l.corpus.as_str()).collect();
+    corpora.sort_unstable();
+    corpora.dedup();
+    if corpora.len() < 2 {
+        return Ok(None);
+    }
+    let folds = corpora
+        .iter()
+        .map(|c| {
+            let (own, rest): (Vec<Labelled>, Vec<Labelled>) =
+                rows.iter().cloned().partition(|l| l.corpus == *c);
+            study(&rest, &own)
+        })
+        .collect::<Result<Vec<Study>, FitError>>()?;
+    let mean = |values: Vec<Option<f64>>| -> Option<f64> {
+        let present: Vec<f64> = values.into_iter().flatten().collect();
+        (!present.is_empty()).then(|| present.iter().sum::<f64>() / present.len() as f64)
+    };
+    // Names in first-seen order; a fold may lack a suite or a kind.
+    let by_name = |part: fn(&Study) -> &Vec<Named>| -> Vec<Named> {
+        let mut names: Vec<String> = Vec::new();
+        for f in &folds {
+            for n in part(f) {
+                if !names.contains(&n.name) {
+                    names.push(n.name.clone());
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|name| Named {
+                auroc: mean(
+                    folds
+                        .iter()
+                        .map(|f| {
+                            part(f)
+                                .iter()
+                                .find(|n| n.name == name)
+                                .and_then(|n| n.auroc)
+                        })
+                        .collect(),
+                ),
+                name,
+            })
+            .collect()
+    };
+    let wrong = rows.iter().filter(|l| l.wrong).count();
+    Ok(Some(Study {
+        folds: folds.len(),
+        train_answers: rows.len(),
+        test_answers: rows.len(),
+        test_error_rate: wrong as f64 / rows.len() as f64,
+        each: by_name(|s| &s.each),
+        combined: mean(folds.iter().map(|f| f.combined).collect()),
+        without: by_name(|s| &s.without),
+        leave_one_suite_out: by_name(|s| &s.leave_one_suite_out),
+        by_kind: by_name(|s| &s.by_kind),
+        probes: by_name(|s| &s.probes),
+    }))
 }
 
 /// Per layer the train answers recorded, and per place (last prompt token, first answer
@@ -233,12 +306,24 @@ fn fitted_auroc(
 
 /// The study as Markdown tables.
 pub fn markdown(s: &Study) -> String {
+    let how = if s.folds == 0 {
+        format!(
+            "{} test answers ({:.1}% wrong), combined score fitted on {} train answers",
+            s.test_answers,
+            100.0 * s.test_error_rate,
+            s.train_answers
+        )
+    } else {
+        format!(
+            "{} dev answers ({:.1}% wrong), no test run: each of {} corpora held out in turn \
+             and scored by what was fitted on the others; AUROCs are means over the corpora",
+            s.test_answers,
+            100.0 * s.test_error_rate,
+            s.folds
+        )
+    };
     let mut out = format!(
-        "{} test answers ({:.1}% wrong), combined score fitted on {} train answers.\n\n\
-         **Combined score: AUROC {}** for a wrong RAG answer.\n",
-        s.test_answers,
-        100.0 * s.test_error_rate,
-        s.train_answers,
+        "{how}.\n\n**Combined score: AUROC {}** for a wrong RAG answer.\n",
         auroc_text(s.combined)
     );
     for (header, rows) in [
@@ -292,6 +377,7 @@ mod tests {
                 };
                 Labelled {
                     suite: suite.into(),
+                    corpus: format!("{suite}-{}", i % 4),
                     kind: Some(
                         if i % 2 == 0 {
                             "answerable"
@@ -372,5 +458,32 @@ mod tests {
         assert!(lo("kv-retrieval") < 0.3, "{s:?}");
         assert!(lo("hotpotqa") < 0.3, "{s:?}");
         assert_eq!(s.leave_one_suite_out.len(), 2);
+    }
+
+    #[test]
+    fn dev_answers_alone_are_scored_corpus_by_corpus() {
+        let rows = answers("squad-v2", 160, 1, 3);
+        let s = leave_one_corpus_out(&rows).unwrap().unwrap();
+        assert_eq!((s.folds, s.test_answers), (4, 160));
+        assert!(s.combined.unwrap() > 0.95, "{s:?}");
+        let without_grounding = s
+            .without
+            .iter()
+            .find(|n| n.name == "without grounding")
+            .unwrap();
+        assert!(without_grounding.auroc.unwrap() < 0.8, "{s:?}");
+        assert!(markdown(&s).contains("each of 4 corpora held out in turn"));
+        // Noise stays noise out of fold: nothing is scored on what it was fitted on.
+        let noise = leave_one_corpus_out(&answers("squad-v2", 160, 0, 4))
+            .unwrap()
+            .unwrap();
+        assert!(noise.combined.unwrap() < 0.75, "{noise:?}");
+        // One corpus cannot be held out.
+        let one: Vec<Labelled> = rows
+            .iter()
+            .filter(|l| l.corpus == "squad-v2-0")
+            .cloned()
+            .collect();
+        assert!(leave_one_corpus_out(&one).unwrap().is_none());
     }
 }
