@@ -24,7 +24,7 @@ impl Run<'_, '_> {
 
     /// Whether the gain policy sends this query to the hybrid search.
     pub(super) fn choose_hybrid(&mut self) -> Result<bool> {
-        if self.config().retrieval.search == RagSearch::Hybrid {
+        if self.always_hybrid() {
             return Ok(true);
         }
         let Some(policy) = &self.pipeline.gain_policy else {

@@ -179,7 +179,7 @@ impl<'p, 'a> Run<'p, 'a> {
     }
 
     /// `search = "hybrid"`: every RAG answer, forced or not, searches dense and BM25.
-    fn always_hybrid(&self) -> bool {
+    pub(super) fn always_hybrid(&self) -> bool {
         self.config().retrieval.search == RagSearch::Hybrid
     }
 
