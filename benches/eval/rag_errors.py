@@ -21,8 +21,12 @@ document id, kind and text, so the run's ids are found again):
 
 import argparse
 import json
+import os
 import re
-import string
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lc_peer_llamacpp import whole_word  # noqa: E402  (scoring::whole_word_match, once)
 
 
 def norm(text):
@@ -83,11 +87,6 @@ SIGNALS = [
     ("unsupported words", _recorded("grounding", "unsupported_words")),
     ("chunk rank of the verbatim span", _recorded("grounding", "chunk_rank")),
 ]
-
-
-def whole_word(answer, gold):
-    """`scoring::whole_word_match`."""
-    return any(w.strip(string.punctuation) == gold for w in answer.split())
 
 
 def main():
