@@ -9,13 +9,17 @@
 #   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300),
 #   SEARCH (default dense; hybrid: dense + BM25 on every RAG answer, calibrated and tested as
 #   such, in runs named SUITE-TOKENS-hybrid-...), STAGES (default "dev test"; "dev" calibrates
-#   every suite first and leaves the test splits for a later run).
+#   every suite first and leaves the test splits for a later run; "signals" is the combined
+#   score's own study: forced RAG alone, which never prefills a corpus on the long-context model,
+#   on TRAIN dev questions (default 600) and on the TEST questions, then `triage signals` fitted
+#   on the first and scored on the second, into SUITE-TAG-signals.md).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
 TOKENS=${TOKENS:-16384}
 DEV=${DEV:-100}
 TEST=${TEST:-300}
+TRAIN=${TRAIN:-600}
 SEARCH=${SEARCH:-dense}
 STAGES=${STAGES:-dev test}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
@@ -51,4 +55,17 @@ for suite in $SUITES; do
         --systems rag,lc,auto --config "$OUT/$suite-$TAG-routing.toml" \
         --out "$OUT/$suite-$TAG-test"
     echo "== $suite: done, $(date -u +%FT%TZ)"
+done
+for suite in $SUITES; do
+    case " $STAGES " in *" signals "*) ;; *) continue ;; esac
+    for split in dev test; do
+        limit=$TEST
+        [ "$split" = dev ] && limit=$TRAIN
+        echo "== $suite: forced RAG on $limit $split questions, $(date -u +%FT%TZ)"
+        "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$limit" --split "$split" \
+            --quiet --systems rag --config "$SETTINGS" --out "$OUT/$suite-$TAG-$split-rag"
+    done
+    "$BIN" signals --train "$OUT/$suite-$TAG-dev-rag" --test "$OUT/$suite-$TAG-test-rag" \
+        > "$OUT/$suite-$TAG-signals.md"
+    echo "== $suite: signals done, $(date -u +%FT%TZ)"
 done

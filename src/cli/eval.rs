@@ -220,7 +220,7 @@ pub fn run(config: &EvalConfig) -> Result<EvalRun> {
         if !pending {
             continue;
         }
-        bar.set_message(format!("corpus {}/{}: prefilling", gi + 1, groups.len()));
+        bar.set_message(format!("corpus {}/{}: loading", gi + 1, groups.len()));
         load_group(&mut engine, &store, &embedder, &tokenizer, group, &previous)?;
         previous = group.documents.iter().map(|d| d.id.clone()).collect();
         bar.set_message(format!("corpus {}/{}", gi + 1, groups.len()));
@@ -398,8 +398,9 @@ fn same_setting(old: Option<&serde_json::Value>, new: &serde_json::Value) -> boo
 /// The engine's name for the corpus being evaluated.
 const EVAL_CORPUS: &str = "eval";
 
-/// Replace the scratch corpus's documents with the group's and load it (prefilling and
-/// pinning its long-context prefix).
+/// Replace the scratch corpus's documents with the group's and load it unpinned: the first
+/// question that may take long context prefills and pins its prefix, so a run of RAG systems
+/// alone never prefills a corpus on the long-context model.
 fn load_group(
     engine: &mut Engine,
     store: &CorpusStore,
@@ -421,7 +422,7 @@ fn load_group(
         tokenizer,
         ChunkerConfig::default(),
     )?;
-    let info = engine.load_corpus(EVAL_CORPUS)?;
+    let info = engine.load_corpus_unpinned(EVAL_CORPUS)?;
     if let Some(why) = info.long_context_unavailable {
         bail!(
             "group {}: the long-context model cannot take the corpus ({why}); lower \

@@ -8,12 +8,13 @@ use std::sync::atomic::AtomicBool;
 use triage_retrieval::{BertEmbedder, Corpus, Document};
 use triage_router::decision::DecisionRecord;
 use triage_router::{
-    Answer, AnswerEvent, AskRequest, Generator, ModelRole, Pipeline, RoutingConfig,
+    Answer, AnswerEvent, AskRequest, Generator, ModelRole, Pipeline, Route, RoutePath,
+    RoutingConfig,
 };
 
 use crate::config::{needs_router, CorpusLimits};
 use crate::error::{HostError, Result};
-use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange};
+use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PrefixUse};
 
 /// How a host reaches its models: it lends the pipeline a [`Generator`] for one call.
 pub trait ModelAccess: Send + Sync {
@@ -117,7 +118,16 @@ impl<M: ModelAccess> Host<M> {
     pub fn load_corpus(&self, name: &str) -> Result<CorpusSummary> {
         let routing = &self.pipeline.config;
         self.models
-            .with_generator(|g| self.corpora.load(g, routing, name))?
+            .with_generator(|g| self.corpora.load(g, routing, name, PrefixUse::MayRead))?
+    }
+
+    /// Open the corpus `name` without pinning its prefix: the first question that may take long
+    /// context pins it, so a caller that answers by RAG only never pays the long-context
+    /// model's prefill of the whole corpus.
+    pub fn load_corpus_unpinned(&self, name: &str) -> Result<CorpusSummary> {
+        let routing = &self.pipeline.config;
+        self.models
+            .with_generator(|g| self.corpora.load(g, routing, name, PrefixUse::Never))?
     }
 
     /// Make an already opened corpus answerable.
@@ -216,7 +226,10 @@ impl<M: ModelAccess> Host<M> {
     ) -> Result<Answer> {
         let routing = &self.pipeline.config;
         self.models.with_cancellable_generator(cancelled, |g| {
-            let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let prefix = prefix_use(request.route, routing);
+            let (loaded, released) =
+                self.corpora
+                    .get_or_load(g, routing, &request.corpus, prefix)?;
             let generation = loaded.corpus.generation;
             on_event(AnswerEvent::Corpus { generation });
             let view = loaded.view(&request.corpus);
@@ -233,7 +246,10 @@ impl<M: ModelAccess> Host<M> {
     pub fn plan(&self, request: &AskRequest) -> Result<DecisionRecord> {
         let routing = &self.pipeline.config;
         self.models.with_generator(|g| {
-            let (loaded, released) = self.corpora.get_or_load(g, routing, &request.corpus)?;
+            let prefix = prefix_use(request.route, routing);
+            let (loaded, released) =
+                self.corpora
+                    .get_or_load(g, routing, &request.corpus, prefix)?;
             let view = loaded.view(&request.corpus);
             let mut record = self
                 .pipeline
@@ -242,5 +258,15 @@ impl<M: ModelAccess> Host<M> {
             record.corpus_generation = Some(loaded.corpus.generation);
             Ok(record)
         })?
+    }
+}
+
+/// Whether a question on `route` may read the corpus's long-context prefix: a forced long
+/// context does, and so does auto routing that may escalate or route to long context.
+fn prefix_use(route: Route, routing: &RoutingConfig) -> PrefixUse {
+    match route {
+        Route::Lc => PrefixUse::MayRead,
+        Route::Auto if routing.allows(RoutePath::Lc) => PrefixUse::MayRead,
+        Route::Auto | Route::None | Route::Rag | Route::Hybrid => PrefixUse::Never,
     }
 }

@@ -18,4 +18,4 @@ pub use config::{ModelEntry, PipelineSettings, ServerSettings, TriageConfig};
 pub use error::{error_kind, ErrorKind, HostError, Result};
 pub use host::{Host, ModelAccess};
 pub use in_process::{Engine, InProcessModels};
-pub use registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange};
+pub use registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PrefixUse};

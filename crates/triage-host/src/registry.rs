@@ -2,7 +2,9 @@
 //! that it was embedded with the host's embedder, pins its long-context prefix (the new prefix
 //! before the old one is released, so an unchanged corpus keeps its cached blocks; when the
 //! prefix does not fit, the least recently used prefixes of other corpora are released first),
-//! swaps it in, and unloads it. Changes to one corpus run one at a time; changes to different
+//! swaps it in, and unloads it. A prefix that is not resident (released, or never pinned because
+//! the corpus was loaded unpinned) is pinned by the first question that may take long context,
+//! never by one that cannot. Changes to one corpus run one at a time; changes to different
 //! corpora, and readers, do not wait for each other.
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,10 +31,23 @@ enum PinState {
     NoPrefix,
     /// Resident, with where this pin's KV came from.
     Pinned(PinnedPrefix),
-    /// Released to make room for another corpus's; pinned again when next asked.
-    Released,
+    /// Not resident: released to make room for another corpus's, or loaded unpinned. Pinned
+    /// when a question that may take long context asks.
+    NotResident,
     /// It does not fit in the long-context model's cache (why): the corpus answers by RAG.
     DoesNotFit(String),
+}
+
+/// Whether a caller may read a corpus's long-context prefix: only then is a prefix that is not
+/// resident pinned for it (a prefill of the whole corpus on the long-context model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixUse {
+    /// A question that may take long context (auto routing, forced long context), a corpus
+    /// loaded to serve such questions, a change to the corpus.
+    MayRead,
+    /// A question that cannot (closed book, RAG, hybrid), a document listing, a corpus loaded
+    /// for RAG answers only.
+    Never,
 }
 
 /// A corpus ready to answer from, with its long-context form (or why it has none).
@@ -48,10 +63,15 @@ pub struct LoadedCorpus {
 
 impl LoadedCorpus {
     fn new(corpus: Corpus, long_context: std::result::Result<LongContextPrompt, String>) -> Self {
+        let pin = if long_context.is_ok() {
+            PinState::NotResident
+        } else {
+            PinState::NoPrefix
+        };
         Self {
             corpus,
             long_context,
-            pin: Mutex::new(PinState::NoPrefix),
+            pin: Mutex::new(pin),
             last_used: AtomicU64::new(0),
         }
     }
@@ -66,6 +86,11 @@ impl LoadedCorpus {
             PinState::Pinned(pinned) => Some(pinned),
             _ => None,
         }
+    }
+
+    /// Whether a caller that reads the prefix as `prefix` says needs it pinned first.
+    fn wants_pin(&self, prefix: PrefixUse) -> bool {
+        prefix == PrefixUse::MayRead && self.pin_state() == PinState::NotResident
     }
 
     fn pin_state(&self) -> PinState {
@@ -222,22 +247,25 @@ impl CorpusRegistry {
     /// The corpus `name`, and the corpora whose prefix was released to make room for its. One in
     /// the store but not loaded yet (made by `triage ingest`, by another replica sharing the
     /// store, or before a restart) is loaded now; so is a newer generation another writer
-    /// stored; one whose prefix was released is pinned again.
+    /// stored. Its prefix is pinned when `prefix` says the caller may read it.
     pub fn get_or_load(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
+        prefix: PrefixUse,
     ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
             self.touch(&loaded);
-            if loaded.pin_state() != PinState::Released && !self.superseded(&loaded, name)? {
+            if !loaded.wants_pin(prefix) && !self.superseded(&loaded, name)? {
                 return Ok((loaded, Vec::new()));
             }
         } else if !self.in_store(name)? {
             return Err(HostError::UnknownCorpus(name.to_string()));
         }
-        self.with_writer(name, || self.get_or_load_locked(generator, routing, name))
+        self.with_writer(name, || {
+            self.get_or_load_locked(generator, routing, name, prefix)
+        })
     }
 
     fn get_or_load_locked(
@@ -245,10 +273,11 @@ impl CorpusRegistry {
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
+        prefix: PrefixUse,
     ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         if let Some(loaded) = self.get(name)? {
             if !self.superseded(&loaded, name)? {
-                if loaded.pin_state() != PinState::Released {
+                if !loaded.wants_pin(prefix) {
                     return Ok((loaded, Vec::new()));
                 }
                 let (_, released) = self.pin(generator, name, &loaded)?;
@@ -256,7 +285,7 @@ impl CorpusRegistry {
             }
         }
         let corpus = self.open(name)?;
-        let (summary, loaded) = self.swap_in(generator, routing, corpus)?;
+        let (summary, loaded) = self.swap_in(generator, routing, corpus, prefix)?;
         Ok((loaded, summary.unpinned_corpora))
     }
 
@@ -271,18 +300,20 @@ impl CorpusRegistry {
         Ok(live.is_some_and(|g| g > loaded.corpus.generation))
     }
 
-    /// Open `name` from the store (it must exist) and pin its long-context prefix; a corpus
-    /// loaded before is replaced.
+    /// Open `name` from the store (it must exist) and, for [`PrefixUse::MayRead`], pin its
+    /// long-context prefix now; with [`PrefixUse::Never`] the first question that may take long
+    /// context pins it. A corpus loaded before is replaced.
     pub fn load(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
+        prefix: PrefixUse,
     ) -> Result<CorpusSummary> {
         self.require_stored(name)?;
         self.with_writer(name, || {
             let corpus = self.open(name)?;
-            Ok(self.swap_in(generator, routing, corpus)?.0)
+            Ok(self.swap_in(generator, routing, corpus, prefix)?.0)
         })
     }
 
@@ -294,7 +325,11 @@ impl CorpusRegistry {
         corpus: Corpus,
     ) -> Result<CorpusSummary> {
         let name = corpus.name.clone();
-        self.with_writer(&name, || Ok(self.swap_in(generator, routing, corpus)?.0))
+        self.with_writer(&name, || {
+            Ok(self
+                .swap_in(generator, routing, corpus, PrefixUse::MayRead)?
+                .0)
+        })
     }
 
     /// Pin the prefix of `loaded` (corpus `name`), releasing the least recently used prefixes
@@ -323,7 +358,7 @@ impl CorpusRegistry {
                 loaded.set_pin_state(PinState::DoesNotFit(why));
                 return Ok((None, released));
             };
-            if self.release(generator, &victim, PinState::Released)? {
+            if self.release(generator, &victim, PinState::NotResident)? {
                 tracing::info!(corpus = %name, released = %victim_name, "released a pinned corpus prefix to make room");
                 released.push(victim_name);
             }
@@ -361,13 +396,15 @@ impl CorpusRegistry {
         Ok(true)
     }
 
-    /// Check the embedder, pin the new prefix, swap the corpus in, then release the old prefix
-    /// (pins are counted, so blocks the two share stay resident).
+    /// Check the embedder, pin the new prefix (unless `prefix` says it is not read yet), swap
+    /// the corpus in, then release the old prefix (pins are counted, so blocks the two share
+    /// stay resident).
     fn swap_in(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         corpus: Corpus,
+        prefix: PrefixUse,
     ) -> Result<(CorpusSummary, Arc<LoadedCorpus>)> {
         if corpus.embedder_id() != self.embedder.id() {
             return Err(HostError::EmbedderMismatch {
@@ -380,7 +417,11 @@ impl CorpusRegistry {
         let name = corpus.name.clone();
         let loaded = Arc::new(LoadedCorpus::new(corpus, long_context));
         self.touch(&loaded);
-        let (pinned, released) = self.pin(generator, &name, &loaded)?;
+        let (pinned, released) = if loaded.wants_pin(prefix) {
+            self.pin(generator, &name, &loaded)?
+        } else {
+            (None, Vec::new())
+        };
         let old = self.table_mut()?.insert(name.clone(), loaded.clone());
         if let Some(old) = old {
             self.release(generator, &old, PinState::NoPrefix)?;
@@ -483,7 +524,8 @@ impl CorpusRegistry {
         self.check_count("documents", documents.len())?;
         self.require_stored(name)?;
         self.with_writer(name, || {
-            let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+            let (loaded, _) =
+                self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
             self.change(generator, routing, name, Some(&loaded), documents, &[])
         })
     }
@@ -499,7 +541,8 @@ impl CorpusRegistry {
         self.check_count("document ids", ids.len())?;
         self.require_stored(name)?;
         self.with_writer(name, || {
-            let (loaded, _) = self.get_or_load_locked(generator, routing, name)?;
+            let (loaded, _) =
+                self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
             let known = document_bytes(&loaded.corpus);
             if let Some(missing) = ids.iter().find(|id| !known.contains_key(id.as_str())) {
                 return Err(HostError::Invalid(format!(
@@ -565,7 +608,7 @@ impl CorpusRegistry {
         )?;
         let reloaded = self
             .open(name)
-            .and_then(|corpus| self.swap_in(generator, routing, corpus));
+            .and_then(|corpus| self.swap_in(generator, routing, corpus, PrefixUse::MayRead));
         let (corpus, reload_error) = match reloaded {
             Ok((summary, _)) => (summary, None),
             Err(e) => {
@@ -595,7 +638,7 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
     ) -> Result<Vec<DocumentSummary>> {
-        let (loaded, _) = self.get_or_load(generator, routing, name)?;
+        let (loaded, _) = self.get_or_load(generator, routing, name, PrefixUse::Never)?;
         let mut docs: BTreeMap<&str, DocumentSummary> = BTreeMap::new();
         for c in loaded.corpus.chunks() {
             docs.entry(&c.doc_id)

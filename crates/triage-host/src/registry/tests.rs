@@ -19,6 +19,8 @@ use super::*;
 struct Flaky {
     engine: LlmEngine,
     broken: bool,
+    /// Prefixes pinned so far (each a prefill of the corpus on the long-context model).
+    num_pins: usize,
 }
 
 impl Generator for Flaky {
@@ -44,6 +46,7 @@ impl Generator for Flaky {
         tokens: &[u32],
         dir: Option<&Path>,
     ) -> triage_router::Result<PinnedPrefix> {
+        self.num_pins += 1;
         Generator::pin_prefix(&mut self.engine, role, tokens, dir)
     }
 
@@ -124,6 +127,7 @@ fn replica(dir: &Path) -> (Flaky, BertEmbedder) {
     let engine = Flaky {
         engine: LlmEngine::new(model, config).unwrap(),
         broken: false,
+        num_pins: 0,
     };
     (engine, embedder)
 }
@@ -144,12 +148,16 @@ fn a_replica_sharing_the_store_follows_another_writers_generations() {
     writer
         .create(&mut a, &routing, "c", &[doc("a", "the cat sat on the mat")])
         .unwrap();
-    let (loaded, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    let (loaded, _) = reader
+        .get_or_load(&mut b, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
     assert_eq!(
         (loaded.corpus.generation, loaded.corpus.num_documents()),
         (1, 1)
     );
-    let (again, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    let (again, _) = reader
+        .get_or_load(&mut b, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
     assert!(
         Arc::ptr_eq(&loaded, &again),
         "an unchanged corpus is not reopened"
@@ -162,10 +170,63 @@ fn a_replica_sharing_the_store_follows_another_writers_generations() {
             &[doc("b", "the dog ran to the park")],
         )
         .unwrap();
-    let (moved, _) = reader.get_or_load(&mut b, &routing, "c").unwrap();
+    let (moved, _) = reader
+        .get_or_load(&mut b, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
     assert_eq!(
         (moved.corpus.generation, moved.corpus.num_documents()),
         (2, 2)
     );
     assert_eq!(reader.list().unwrap()[0].generation, Some(2));
+}
+
+/// A corpus loaded unpinned costs no long-context prefill until a question that may read its
+/// prefix asks: RAG answers and document listings leave it unpinned, the first such question
+/// pins it once, and the questions after it find it resident.
+#[test]
+fn an_unpinned_corpus_is_pinned_by_the_first_question_that_may_take_long_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut g, embedder) = replica(dir.path());
+    let registry = CorpusRegistry::new(
+        &dir.path().join("store"),
+        dir.path().join("prefixes"),
+        embedder,
+    );
+    let routing = RoutingConfig::default();
+    let docs = [doc("a", "the cat sat on the mat"), doc("b", "the dog ran")];
+    registry.create(&mut g, &routing, "c", &docs).unwrap();
+    let pinned_by_create = g.num_pins;
+    assert_eq!(pinned_by_create, 1, "a new corpus is pinned eagerly");
+
+    let summary = registry
+        .load(&mut g, &routing, "c", PrefixUse::Never)
+        .unwrap();
+    assert!(!summary.prefix_pinned && summary.long_context_unavailable.is_none());
+    for _ in 0..2 {
+        let (loaded, _) = registry
+            .get_or_load(&mut g, &routing, "c", PrefixUse::Never)
+            .unwrap();
+        assert!(loaded.pinned().is_none());
+    }
+    assert_eq!(
+        registry
+            .list_documents(&mut g, &routing, "c")
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(g.num_pins, pinned_by_create, "nothing read the prefix yet");
+
+    let (loaded, _) = registry
+        .get_or_load(&mut g, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
+    assert!(loaded.pinned().is_some());
+    registry
+        .get_or_load(&mut g, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
+    assert_eq!(
+        g.num_pins,
+        pinned_by_create + 1,
+        "pinned once, then resident"
+    );
 }
