@@ -172,7 +172,10 @@ fn signals(args: SignalsArgs) -> Result<()> {
             "the train runs hold one corpus, so none can be held out: pass --test runs"
         })?
     } else {
-        signal_study::study(&train, &test)?
+        let mut study = signal_study::study(&train, &test)?;
+        study.probe_routing =
+            signal_study::probe_routing(&train, &test, args.probe_false_escalation)?;
+        study
     };
     if let Some(path) = &args.save_combined {
         let model_id = args

@@ -169,7 +169,8 @@ pub struct SignalsArgs {
     pub save_probe: Option<std::path::PathBuf>,
     #[arg(long)]
     pub probe_layer: Option<usize>,
-    /// The share of right train answers the probe may escalate.
+    /// The share of right train answers the probe may escalate (the saved probe's, and each
+    /// layer's in the table of the probe as a router before decoding, printed with --test).
     #[arg(long, default_value_t = 0.05)]
     pub probe_false_escalation: f64,
     #[arg(long)]

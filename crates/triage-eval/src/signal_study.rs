@@ -27,6 +27,9 @@ pub struct Labelled {
     pub wrong: bool,
     /// The residual stream the answer recorded, if any.
     pub states: Option<ProbeStates>,
+    /// Tokens the base model decoded for it (the answer and its samples): what a router that
+    /// escalates before decoding does not spend.
+    pub decode_tokens: usize,
 }
 
 /// The `rag` rows that carry a monitor record.
@@ -48,6 +51,12 @@ pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
                 ),
                 wrong: !r.score.correct,
                 states: m.probe.clone(),
+                decode_tokens: r
+                    .stages
+                    .iter()
+                    .filter(|s| s.stage == "rag" || s.stage == "samples")
+                    .map(|s| s.completion)
+                    .sum(),
             })
         })
         .collect()
@@ -90,6 +99,32 @@ pub struct Study {
     /// A mass-mean probe per recorded layer, at the last prompt token and over the first
     /// answer tokens, fitted on the train answers' states and scored on the test answers'.
     pub probes: Vec<Named>,
+    /// Each layer's probe at the last prompt token used as a router on the test answers
+    /// ([`probe_routing`]); empty until asked for, and for dev-only studies.
+    pub probe_routing: Vec<ProbeRouting>,
+}
+
+/// A probe at the last prompt token routing before any answer token: fitted on the train
+/// answers with the threshold that escalates at most `max_false_escalation` of their right
+/// ones, then applied to the test answers. What it catches and what it costs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeRouting {
+    pub layer: usize,
+    pub max_false_escalation: f64,
+    pub threshold: f64,
+    /// Test answers with a state at the layer.
+    pub answers: usize,
+    /// The share of them the probe sends to long context before decoding.
+    pub escalated: f64,
+    /// Of those, the share that were wrong (the rest cost a long-context answer for nothing).
+    pub precision: Option<f64>,
+    /// The share of the wrong answers it escalates.
+    pub recall: Option<f64>,
+    /// The share of the right answers it escalates (the train rate, measured on test).
+    pub false_escalation: Option<f64>,
+    /// The base model's decode tokens (answer and samples) of the escalated answers, as a
+    /// share of all the test answers' decode tokens: what deciding before decoding saves.
+    pub decode_tokens_saved: f64,
 }
 
 /// The study of `test` with combined scores fitted on `train` (never on `test`).
@@ -170,6 +205,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         leave_one_suite_out,
         by_kind,
         probes,
+        probe_routing: Vec::new(),
     })
 }
 
@@ -236,7 +272,69 @@ pub fn leave_one_corpus_out(rows: &[Labelled]) -> Result<Option<Study>, FitError
         leave_one_suite_out: by_name(|s| &s.leave_one_suite_out),
         by_kind: by_name(|s| &s.by_kind),
         probes: by_name(|s| &s.probes),
+        probe_routing: Vec::new(),
     }))
+}
+
+/// Each recorded layer's probe at the last prompt token as a router before decoding: fitted on
+/// `train` with the threshold that escalates at most `max_false_escalation` of its right
+/// answers, applied to `test`. Layers where train lacks a label are left out.
+pub fn probe_routing(
+    train: &[Labelled],
+    test: &[Labelled],
+    max_false_escalation: f64,
+) -> Result<Vec<ProbeRouting>, FitError> {
+    let Some(layers) = train
+        .iter()
+        .find_map(|l| l.states.as_ref())
+        .map(|s| s.layers.clone())
+    else {
+        return Ok(Vec::new());
+    };
+    let share = |n: usize, of: usize| (of > 0).then(|| n as f64 / of as f64);
+    let mut out = Vec::new();
+    for (at, &layer) in layers.iter().enumerate() {
+        let fit: Vec<(&[f32], bool)> = train
+            .iter()
+            .filter_map(|l| Some((prompt_state(l, &layers, at)?, l.wrong)))
+            .collect();
+        let Some(probe) = MassMeanProbe::fit(&fit) else {
+            continue;
+        };
+        let Some(threshold) = probe.threshold(&fit, max_false_escalation)? else {
+            continue;
+        };
+        let scored: Vec<(&Labelled, bool)> = test
+            .iter()
+            .filter_map(|l| {
+                let score = probe.score(prompt_state(l, &layers, at)?).ok()?;
+                Some((l, score > threshold))
+            })
+            .collect();
+        let count = |f: &dyn Fn(&(&Labelled, bool)) -> bool| scored.iter().filter(|x| f(x)).count();
+        let escalated = count(&|(_, e)| *e);
+        let wrong = count(&|(l, _)| l.wrong);
+        let caught = count(&|(l, e)| *e && l.wrong);
+        let right_escalated = escalated - caught;
+        let all_decode: usize = scored.iter().map(|(l, _)| l.decode_tokens).sum();
+        let saved: usize = scored
+            .iter()
+            .filter(|(_, e)| *e)
+            .map(|(l, _)| l.decode_tokens)
+            .sum();
+        out.push(ProbeRouting {
+            layer,
+            max_false_escalation,
+            threshold,
+            answers: scored.len(),
+            escalated: share(escalated, scored.len()).unwrap_or(0.0),
+            precision: share(caught, escalated),
+            recall: share(caught, wrong),
+            false_escalation: share(right_escalated, scored.len() - wrong),
+            decode_tokens_saved: share(saved, all_decode).unwrap_or(0.0),
+        });
+    }
+    Ok(out)
 }
 
 /// Per layer the train answers recorded, and per place (last prompt token, first answer
@@ -304,6 +402,12 @@ fn fitted_auroc(
     Ok(auroc(&scores, &labels))
 }
 
+/// An answer's last-prompt-token state at the `at`-th of `layers` (which its record must hold).
+fn prompt_state<'a>(l: &'a Labelled, layers: &[usize], at: usize) -> Option<&'a [f32]> {
+    let s = l.states.as_ref().filter(|s| s.layers == layers)?;
+    s.prompt.get(at).map(Vec::as_slice)
+}
+
 /// The study as Markdown tables.
 pub fn markdown(s: &Study) -> String {
     let how = if s.folds == 0 {
@@ -339,6 +443,29 @@ pub fn markdown(s: &Study) -> String {
         out.push_str(&format!("\n| {header} | AUROC |\n|---|---|\n"));
         for n in rows {
             out.push_str(&format!("| {} | {} |\n", n.name, auroc_text(n.auroc)));
+        }
+    }
+    if let Some(first) = s.probe_routing.first() {
+        out.push_str(&format!(
+            "\n**The probe as a router before decoding**: fitted on the train answers' last \
+             prompt token, with the threshold that escalates at most {:.0}% of their right \
+             answers; applied to the test answers.\n\n\
+             | layer | answers | escalated | precision | recall | right escalated | decode \
+             tokens not spent |\n|---|---|---|---|---|---|---|\n",
+            100.0 * first.max_false_escalation
+        ));
+        let pct = |x: Option<f64>| x.map_or("–".to_string(), |x| format!("{:.1}%", 100.0 * x));
+        for r in &s.probe_routing {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                r.layer,
+                r.answers,
+                pct(Some(r.escalated)),
+                pct(r.precision),
+                pct(r.recall),
+                pct(r.false_escalation),
+                pct(Some(r.decode_tokens_saved)),
+            ));
         }
     }
     out
@@ -389,6 +516,8 @@ mod tests {
                     inputs,
                     wrong,
                     states: Some(states),
+                    // A wrong answer decodes 40 tokens, a right one 10.
+                    decode_tokens: if wrong { 40 } else { 10 },
                 }
             })
             .collect()
@@ -436,6 +565,38 @@ mod tests {
         assert!(probe("layer 4, prompt") > 0.95, "{s:?}");
         assert!((0.2..0.8).contains(&probe("layer 4, answer")), "{s:?}");
         assert!(markdown(&s).contains("| not_verbatim | 1.000 |"));
+    }
+
+    /// Layer 4's prompt state tells wrong from right: as a router before decoding it escalates
+    /// every wrong answer and few right ones (the train rate, 5%, give or take on test), and the
+    /// tokens it saves are the escalated answers' decodes.
+    #[test]
+    fn a_probe_that_separates_routes_the_wrong_answers_before_decoding() {
+        let train = answers("squad-v2", 120, 0, 7);
+        let test = answers("squad-v2", 90, 0, 8);
+        let routes = probe_routing(&train, &test, 0.05).unwrap();
+        assert_eq!(routes.len(), 1);
+        let r = &routes[0];
+        assert_eq!((r.layer, r.answers), (4, 90));
+        assert_eq!(r.recall, Some(1.0), "{r:?}");
+        let false_escalation = r.false_escalation.unwrap();
+        assert!(false_escalation <= 0.15, "{r:?}");
+        let escalated_right = (false_escalation * 60.0).round();
+        assert!(
+            (r.escalated - (30.0 + escalated_right) / 90.0).abs() < 1e-9,
+            "{r:?}"
+        );
+        // 30 wrong answers × 40 tokens and the escalated right ones × 10, of 30 × 40 + 60 × 10.
+        let saved = (30.0 * 40.0 + escalated_right * 10.0) / 1800.0;
+        assert!((r.decode_tokens_saved - saved).abs() < 1e-9, "{r:?}");
+        let mut s = study(&train, &test).unwrap();
+        s.probe_routing = routes.clone();
+        assert!(markdown(&s).contains("| 4 | 90 |"), "{}", markdown(&s));
+        // A strict threshold escalates no right train answer; nothing fits one label alone.
+        let strict = probe_routing(&train, &test, 0.0).unwrap();
+        assert!(strict[0].threshold >= r.threshold);
+        let right_only: Vec<Labelled> = train.iter().filter(|l| !l.wrong).cloned().collect();
+        assert!(probe_routing(&right_only, &test, 0.05).unwrap().is_empty());
     }
 
     #[test]

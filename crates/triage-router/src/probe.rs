@@ -41,15 +41,10 @@ impl ProbeModel {
         let probe = MassMeanProbe::fit(rows).ok_or_else(|| {
             RouterError::Invalid("a probe needs both right and wrong answers to fit on".into())
         })?;
-        let mut right = rows
-            .iter()
-            .filter(|r| !r.1)
-            .map(|r| probe.score(r.0))
-            .collect::<std::result::Result<Vec<f64>, _>>()?;
-        right.sort_by(f64::total_cmp);
-        // At most `allowed` right answers score above the threshold.
-        let allowed = (max_false_escalation * right.len() as f64).floor() as usize;
-        let threshold = right[right.len() - 1 - allowed.min(right.len() - 1)];
+        // `MassMeanProbe::fit` has seen both labels, so there are right answers.
+        let threshold = probe
+            .threshold(rows, max_false_escalation)?
+            .ok_or_else(|| RouterError::Invalid("the probe has no right answers".into()))?;
         Ok(Self {
             model_id: model_id.to_string(),
             layer,

@@ -232,6 +232,27 @@ impl MassMeanProbe {
         })
     }
 
+    /// The threshold that escalates at most `max_false_escalation` of the right answers among
+    /// `rows` (an answer escalates when its score exceeds it): the highest right score but the
+    /// allowed few. `None` without right answers.
+    pub fn threshold(
+        &self,
+        rows: &[(&[f32], bool)],
+        max_false_escalation: f64,
+    ) -> Result<Option<f64>> {
+        let mut right = rows
+            .iter()
+            .filter(|r| !r.1)
+            .map(|r| self.score(r.0))
+            .collect::<Result<Vec<f64>>>()?;
+        if right.is_empty() {
+            return Ok(None);
+        }
+        right.sort_by(f64::total_cmp);
+        let allowed = (max_false_escalation * right.len() as f64).floor() as usize;
+        Ok(Some(right[right.len() - 1 - allowed.min(right.len() - 1)]))
+    }
+
     /// The state's score; a state of another width than the probe's is an error.
     pub fn score(&self, x: &[f32]) -> Result<f64> {
         if x.len() != self.direction.len() {

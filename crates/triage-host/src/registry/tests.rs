@@ -100,7 +100,9 @@ fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
         1
     );
     g.broken = false;
-    let reloaded = registry.load(&mut g, &routing, "c").unwrap();
+    let reloaded = registry
+        .load(&mut g, &routing, "c", PrefixUse::MayRead)
+        .unwrap();
     assert_eq!(reloaded.num_documents, 2, "the stored change was kept");
 }
 
