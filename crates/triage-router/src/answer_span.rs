@@ -24,12 +24,26 @@ fn normalise(text: &str) -> String {
 }
 
 /// Decides token by token whether generated text has left the preamble and entered the answer.
-/// Once a token is part of the answer, every later token is too.
+/// Once a token is part of the answer, every later token is too. Tokens that could still begin a
+/// preamble are withheld; when the text turns out to begin with none ("The capital is ...",
+/// a key "a666…" whose first token is "a"), they join the answer with the token that shows it.
 #[derive(Debug, Clone)]
 pub struct AnswerSpanFilter {
     preambles: Vec<String>,
     text: String,
     in_answer: bool,
+    /// Tokens withheld since the first one with content.
+    withheld: usize,
+}
+
+/// What one generated token tells about the answer span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanToken {
+    /// Not in the span (yet): no content so far, or text that may still be a preamble.
+    Outside,
+    /// In the span, and so are the `withheld` tokens just before it: they looked like the start
+    /// of a preamble but were the answer's own.
+    Answer { withheld: usize },
 }
 
 impl AnswerSpanFilter {
@@ -38,34 +52,57 @@ impl AnswerSpanFilter {
             preambles: preambles.iter().map(|p| normalise(p)).collect(),
             text: String::new(),
             in_answer: false,
+            withheld: 0,
         }
     }
 
-    /// Whether the token that added `piece` belongs to the answer span. A token that finishes a
-    /// preamble and starts the answer counts as answer.
-    pub fn is_answer(&mut self, piece: &str) -> bool {
+    /// Observe the token that added `piece`. A token that finishes a preamble and starts the
+    /// answer counts as answer; the preamble's tokens never do.
+    pub fn observe(&mut self, piece: &str) -> SpanToken {
         if self.in_answer {
-            return true;
+            return SpanToken::Answer { withheld: 0 };
         }
         self.text.push_str(piece);
         let text = normalise(&self.text);
         let content = |rest: &str| rest.chars().any(char::is_alphanumeric);
         if !content(&text) {
-            return false;
+            return SpanToken::Outside;
         }
-        if self.preambles.iter().any(|p| p.starts_with(&text)) {
-            return false;
-        }
+        let may_begin_one = self.preambles.iter().any(|p| p.starts_with(&text));
         let inside_or_at_end = self.preambles.iter().any(|p| {
             text.strip_prefix(p.as_str())
                 .is_some_and(|rest| !content(rest))
         });
-        if inside_or_at_end {
-            return false;
+        if may_begin_one || inside_or_at_end {
+            self.withheld += 1;
+            return SpanToken::Outside;
         }
         self.in_answer = true;
-        true
+        let after_preamble = self.preambles.iter().any(|p| text.starts_with(p.as_str()));
+        SpanToken::Answer {
+            withheld: if after_preamble { 0 } else { self.withheld },
+        }
     }
+}
+
+/// Whether each of `pieces` (a generation's tokens, in order) is in the answer span.
+pub fn answer_span_mask<'a>(
+    pieces: impl IntoIterator<Item = &'a str>,
+    preambles: &[String],
+) -> Vec<bool> {
+    let mut filter = AnswerSpanFilter::new(preambles);
+    let mut mask = Vec::new();
+    for piece in pieces {
+        match filter.observe(piece) {
+            SpanToken::Outside => mask.push(false),
+            SpanToken::Answer { withheld } => {
+                let from = mask.len() - withheld;
+                mask[from..].fill(true);
+                mask.push(true);
+            }
+        }
+    }
+    mask
 }
 
 /// One step's value under `estimator` and `unit`, from a streamed token (full-softmax entropy or
@@ -111,14 +148,18 @@ impl SpanMonitor {
     /// Observe one generated token; returns the decision so far.
     pub fn observe(&mut self, token: &TokenOutput) -> Result<Decision> {
         let value = token_value(token, self.monitor.estimator(), self.monitor.unit())?;
-        let in_span = self.filter.is_answer(&token.text);
-        self.trace.push((value, in_span));
+        let span = self.filter.observe(&token.text);
+        self.trace.push((value, span != SpanToken::Outside));
         let before = self.monitor.decision();
-        let decision = if in_span {
-            self.monitor.observe(value)?
-        } else {
-            before
-        };
+        let mut decision = before;
+        if let SpanToken::Answer { withheld } = span {
+            // The withheld tokens enter the window first, in the order they were generated.
+            let from = self.trace.len() - 1 - withheld;
+            for step in &mut self.trace[from..] {
+                step.1 = true;
+                decision = self.monitor.observe(step.0)?;
+            }
+        }
         if !before.is_final() && decision.is_final() {
             self.decided_at = Some(self.trace.len());
         }
@@ -175,10 +216,12 @@ impl FromTokens for AnswerSignals {
             }
         };
         let entropies: Vec<f32> = head.iter().map(|t| t.entropy).collect();
-        let mut filter = AnswerSpanFilter::new(preambles);
+        let mask = answer_span_mask(tokens.iter().map(|t| t.text.as_str()), preambles);
         let span_tokens: Vec<&TokenOutput> = tokens
             .iter()
-            .filter(|t| filter.is_answer(&t.text))
+            .zip(&mask)
+            .filter(|(_, in_span)| **in_span)
+            .map(|(t, _)| t)
             .take(window)
             .collect();
         let span: Vec<f32> = span_tokens.iter().map(|t| t.entropy).collect();
@@ -208,11 +251,12 @@ impl FromTokens for AnswerSignals {
 
 /// The text of the answer span: the generated text after its preamble.
 pub fn answer_span_text(tokens: &[TokenOutput], preambles: &[String]) -> String {
-    let mut filter = AnswerSpanFilter::new(preambles);
+    let mask = answer_span_mask(tokens.iter().map(|t| t.text.as_str()), preambles);
     tokens
         .iter()
-        .filter(|t| filter.is_answer(&t.text))
-        .map(|t| t.text.as_str())
+        .zip(mask)
+        .filter(|(_, in_span)| *in_span)
+        .map(|(t, _)| t.text.as_str())
         .collect()
 }
 
@@ -226,8 +270,8 @@ mod tests {
     }
 
     fn spans(pieces: &[&str]) -> Vec<bool> {
-        let mut f = filter();
-        pieces.iter().map(|p| f.is_answer(p)).collect()
+        let preambles: Vec<String> = DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect();
+        answer_span_mask(pieces.iter().copied(), &preambles)
     }
 
     #[test]
@@ -252,13 +296,43 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_that_only_starts_like_a_preamble_counts_from_where_it_diverges() {
+    fn an_answer_that_only_starts_like_a_preamble_counts_from_its_first_token() {
         assert_eq!(
             spans(&["The", " capital", " is", " Paris"]),
-            [false, true, true, true]
+            [true, true, true, true]
+        );
+        // A key whose first token is "a" (as "According …" and "Answer:" begin) keeps it: the
+        // span's text is the whole key, which grounding looks up word by word.
+        assert_eq!(spans(&["a", "6", "6", "6", "8"]), [true; 5]);
+        assert_eq!(spans(&["\"", "b", "0", "2"]), [false, true, true, true]);
+        assert_eq!(
+            spans(&["The", " answer", " is", " Paris"]),
+            [false, false, false, true]
         );
         assert_eq!(spans(&["Paris", "."]), [true, true]);
         assert_eq!(spans(&[" ", "\n", "Paris"]), [false, false, true]);
+    }
+
+    #[test]
+    fn the_monitor_counts_withheld_answer_tokens_once_they_prove_to_be_answer() {
+        let monitor =
+            EntropyMonitor::new(1.0, 3, EntropyEstimator::FullSoftmax, EntropyUnit::Nats).unwrap();
+        let mut m = SpanMonitor::new(filter(), monitor);
+        // "a" may begin "According …": withheld, then counted first when "666" shows it is not.
+        assert_eq!(m.observe(&token("a", 3.0)).unwrap(), Decision::Continue);
+        assert_eq!(m.observe(&token("666", 0.0)).unwrap(), Decision::Continue);
+        assert_eq!(
+            m.observe(&token("8", 0.0)).unwrap(),
+            Decision::Accept,
+            "the window holds a, 666 and 8: mean 1.0 is within τ"
+        );
+        assert_eq!(m.trace, [(3.0, true), (0.0, true), (0.0, true)]);
+        assert_eq!(m.decided_at, Some(3));
+        let preambles: Vec<String> = DEFAULT_PREAMBLES.iter().map(|s| s.to_string()).collect();
+        let tokens = [token("a", 3.0), token("666", 0.0), token("8", 0.0)];
+        assert_eq!(answer_span_text(&tokens, &preambles), "a6668");
+        let signals = AnswerSignals::from_tokens(&tokens, &preambles, 30, false);
+        assert!((signals.span_mean_entropy - 1.0).abs() < 1e-6);
     }
 
     fn token(text: &str, entropy: f32) -> TokenOutput {
@@ -295,7 +369,11 @@ mod tests {
         assert_eq!(m.decided_at, Some(4));
         assert!((m.span_mean().unwrap() - 0.6).abs() < 1e-6);
         let signals = AnswerSignals::from_tokens(
-            &[token("According", 5.0), token(" Paris", 0.5)],
+            &[
+                token("According", 5.0),
+                token(" to the context,", 5.0),
+                token(" Paris", 0.5),
+            ],
             &DEFAULT_PREAMBLES
                 .iter()
                 .map(|s| s.to_string())
@@ -303,7 +381,7 @@ mod tests {
             30,
             false,
         );
-        assert!((signals.mean_entropy - 2.75).abs() < 1e-6);
+        assert!((signals.mean_entropy - 3.5).abs() < 1e-6);
         assert!((signals.span_mean_entropy - 0.5).abs() < 1e-6);
         assert_eq!(signals.max_entropy, 5.0);
         assert!((signals.mean_top2_margin - 2.0).abs() < 1e-6);
