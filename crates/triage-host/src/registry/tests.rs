@@ -68,12 +68,7 @@ fn doc(id: &str, text: &str) -> Document {
 #[test]
 fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut g, embedder) = replica(dir.path());
-    let registry = CorpusRegistry::new(
-        &dir.path().join("store"),
-        dir.path().join("prefixes"),
-        embedder,
-    );
+    let (mut g, registry) = lone_replica(dir.path());
     let routing = RoutingConfig::default();
     let created = registry
         .create(&mut g, &routing, "c", &[doc("a", "the cat sat on the mat")])
@@ -104,6 +99,13 @@ fn a_stored_change_that_cannot_be_loaded_is_reported_not_lost() {
         .load(&mut g, &routing, "c", PrefixUse::MayRead)
         .unwrap();
     assert_eq!(reloaded.num_documents, 2, "the stored change was kept");
+}
+
+/// A replica with a store and prefix folder of its own under `dir`.
+fn lone_replica(dir: &Path) -> (Flaky, CorpusRegistry) {
+    let (g, embedder) = replica(dir);
+    let registry = CorpusRegistry::new(&dir.join("store"), dir.join("prefixes"), embedder);
+    (g, registry)
 }
 
 /// An engine over a tiny model and a tiny embedder, both written under `dir`.
@@ -188,12 +190,7 @@ fn a_replica_sharing_the_store_follows_another_writers_generations() {
 #[test]
 fn an_unpinned_corpus_is_pinned_by_the_first_question_that_may_take_long_context() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut g, embedder) = replica(dir.path());
-    let registry = CorpusRegistry::new(
-        &dir.path().join("store"),
-        dir.path().join("prefixes"),
-        embedder,
-    );
+    let (mut g, registry) = lone_replica(dir.path());
     let routing = RoutingConfig::default();
     let docs = [doc("a", "the cat sat on the mat"), doc("b", "the dog ran")];
     registry.create(&mut g, &routing, "c", &docs).unwrap();
