@@ -284,11 +284,7 @@ pub fn probe_routing(
     test: &[Labelled],
     max_false_escalation: f64,
 ) -> Result<Vec<ProbeRouting>, FitError> {
-    let Some(layers) = train
-        .iter()
-        .find_map(|l| l.states.as_ref())
-        .map(|s| s.layers.clone())
-    else {
+    let Some(layers) = recorded_layers(train) else {
         return Ok(Vec::new());
     };
     let share = |n: usize, of: usize| (of > 0).then(|| n as f64 / of as f64);
@@ -296,7 +292,7 @@ pub fn probe_routing(
     for (at, &layer) in layers.iter().enumerate() {
         let fit: Vec<(&[f32], bool)> = train
             .iter()
-            .filter_map(|l| Some((prompt_state(l, &layers, at)?, l.wrong)))
+            .filter_map(|l| Some((layer_state(l, &layers, at, true)?, l.wrong)))
             .collect();
         let Some(probe) = MassMeanProbe::fit(&fit) else {
             continue;
@@ -307,7 +303,7 @@ pub fn probe_routing(
         let scored: Vec<(&Labelled, bool)> = test
             .iter()
             .filter_map(|l| {
-                let score = probe.score(prompt_state(l, &layers, at)?).ok()?;
+                let score = probe.score(layer_state(l, &layers, at, true)?).ok()?;
                 Some((l, score > threshold))
             })
             .collect();
@@ -340,34 +336,22 @@ pub fn probe_routing(
 /// Per layer the train answers recorded, and per place (last prompt token, first answer
 /// tokens): the probe fitted on train, its AUROC on test.
 fn probe_aurocs(train: &[Labelled], test: &[Labelled]) -> Vec<Named> {
-    let Some(layers) = train
-        .iter()
-        .find_map(|l| l.states.as_ref())
-        .map(|s| s.layers.clone())
-    else {
+    let Some(layers) = recorded_layers(train) else {
         return Vec::new();
     };
     let mut out = Vec::new();
     for (at, &layer) in layers.iter().enumerate() {
         for place in ["prompt", "answer"] {
-            let state = |l: &Labelled| -> Option<Vec<f32>> {
-                let s = l.states.as_ref().filter(|s| s.layers == layers)?;
-                let states = if place == "prompt" {
-                    &s.prompt
-                } else {
-                    &s.answer
-                };
-                states.get(at).cloned()
-            };
-            let fit: Vec<(Vec<f32>, bool)> = train
+            let at_prompt = place == "prompt";
+            let state = |l| layer_state(l, &layers, at, at_prompt);
+            let fit: Vec<(&[f32], bool)> = train
                 .iter()
                 .filter_map(|l| Some((state(l)?, l.wrong)))
                 .collect();
-            let refs: Vec<(&[f32], bool)> = fit.iter().map(|(s, w)| (s.as_slice(), *w)).collect();
-            let auroc = MassMeanProbe::fit(&refs).and_then(|probe| {
+            let auroc = MassMeanProbe::fit(&fit).and_then(|probe| {
                 let (scores, labels): (Vec<f64>, Vec<bool>) = test
                     .iter()
-                    .filter_map(|l| Some((probe.score(&state(l)?).ok()?, l.wrong)))
+                    .filter_map(|l| Some((probe.score(state(l)?).ok()?, l.wrong)))
                     .unzip();
                 auroc(&scores, &labels)
             });
@@ -402,10 +386,25 @@ fn fitted_auroc(
     Ok(auroc(&scores, &labels))
 }
 
-/// An answer's last-prompt-token state at the `at`-th of `layers` (which its record must hold).
-fn prompt_state<'a>(l: &'a Labelled, layers: &[usize], at: usize) -> Option<&'a [f32]> {
+/// The layers whose states the train answers recorded (the first record's).
+fn recorded_layers(train: &[Labelled]) -> Option<Vec<usize>> {
+    train
+        .iter()
+        .find_map(|l| l.states.as_ref())
+        .map(|s| s.layers.clone())
+}
+
+/// An answer's state at the `at`-th of `layers` (which its record must hold), at the last prompt
+/// token or over the first answer tokens.
+fn layer_state<'a>(
+    l: &'a Labelled,
+    layers: &[usize],
+    at: usize,
+    at_prompt: bool,
+) -> Option<&'a [f32]> {
     let s = l.states.as_ref().filter(|s| s.layers == layers)?;
-    s.prompt.get(at).map(Vec::as_slice)
+    let states = if at_prompt { &s.prompt } else { &s.answer };
+    states.get(at).map(Vec::as_slice)
 }
 
 /// The study as Markdown tables.
