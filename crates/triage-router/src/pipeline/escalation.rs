@@ -71,9 +71,12 @@ pub(super) struct Verdict {
     pub reason: String,
 }
 
-/// Decide whether the RAG answer stands. A decline or an answer without content never counts as
-/// accepted; with a combined score, P(wrong) reaching its threshold escalates however calm the
-/// entropy was.
+/// Decide whether the RAG answer stands. An answer without content never counts as accepted,
+/// nor does a decline without a combined score; with a combined score, P(wrong) reaching its
+/// threshold escalates however calm the entropy was, and a decline is judged like any answer:
+/// the score reads `declined` among its inputs and learned from its dev split how often a
+/// decline is wrong there (on SQuAD v2 "unanswerable" is often the right answer, and long
+/// context rarely does better on it).
 pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     let combined_escalates = s.combined.is_some_and(|c| c.p_wrong >= c.threshold);
     let probe_escalates = s.probe.is_some_and(|p| p.escalates());
@@ -81,19 +84,13 @@ pub(super) fn decide(s: &EscalationSignals) -> Verdict {
         && !combined_escalates
         && !probe_escalates
         && !s.no_content
-        && !s.declined;
+        && !declined_escalates(s);
     let (path, reason) = match (accepted, &s.fallback) {
         (_, Fallback::Forced) => (
             s.rag_path,
             format!("route forced to {}", s.rag_path.as_str()),
         ),
-        (true, _) => (
-            s.rag_path,
-            format!(
-                "the RAG answer's entropy stayed within τ (mean {})",
-                s.mean.map_or("n/a".into(), |m| format!("{m:.3}"))
-            ),
-        ),
+        (true, _) => (s.rag_path, why_it_stands(s)),
         (false, Fallback::LongContext) => (RoutePath::Lc, format!("escalated: {}", why(s))),
         (false, Fallback::Unavailable(unavailable)) => (
             s.rag_path,
@@ -107,6 +104,25 @@ pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     }
 }
 
+/// A decline escalates on its own only where no combined score judges it.
+fn declined_escalates(s: &EscalationSignals) -> bool {
+    s.declined && s.combined.is_none()
+}
+
+/// Why an accepted answer stands: the signal that decided.
+fn why_it_stands(s: &EscalationSignals) -> String {
+    match s.combined {
+        Some(c) => format!(
+            "the combined score puts P(wrong) at {:.3} < {}",
+            c.p_wrong, c.threshold
+        ),
+        None => format!(
+            "the RAG answer's entropy stayed within τ (mean {})",
+            s.mean.map_or("n/a".into(), |m| format!("{m:.3}"))
+        ),
+    }
+}
+
 /// Why an answer that was not accepted should escalate, the strongest signal first.
 fn why(s: &EscalationSignals) -> String {
     if let Some(p) = s.probe.filter(ProbeVerdict::escalates) {
@@ -114,7 +130,7 @@ fn why(s: &EscalationSignals) -> String {
             "the hidden-state probe scored {:.3} > {:.3} at the last prompt token",
             p.score, p.threshold
         )
-    } else if s.declined {
+    } else if declined_escalates(s) {
         "the base model said the context is insufficient".to_string()
     } else if s.no_content {
         "the RAG answer has no answer content".to_string()
@@ -337,7 +353,7 @@ mod tests {
     }
 
     #[test]
-    fn the_combined_score_decides_instead_of_tau() {
+    fn the_combined_score_decides_instead_of_tau_and_judges_declines() {
         check(&[
             Case {
                 name: "P(wrong) over the threshold escalates a calm answer",
@@ -361,14 +377,34 @@ mod tests {
                 },
                 accepted: true,
                 path: RoutePath::Rag,
-                reason: "the RAG answer's entropy stayed within τ (mean 3.000)",
+                reason: "the combined score puts P(wrong) at 0.100 < 0.5",
             },
             Case {
                 name: "a NaN P(wrong) does not escalate",
                 change: |s| combined(s, f64::NAN),
                 accepted: true,
                 path: RoutePath::Rag,
-                reason: "the RAG answer's entropy stayed within τ (mean 0.100)",
+                reason: "the combined score puts P(wrong) at NaN < 0.5",
+            },
+            Case {
+                name: "a decline the score trusts stands",
+                change: |s| {
+                    combined(s, 0.2);
+                    s.declined = true;
+                },
+                accepted: true,
+                path: RoutePath::Rag,
+                reason: "the combined score puts P(wrong) at 0.200 < 0.5",
+            },
+            Case {
+                name: "a decline the score doubts escalates on the score",
+                change: |s| {
+                    combined(s, 0.7);
+                    s.declined = true;
+                },
+                accepted: false,
+                path: RoutePath::Lc,
+                reason: "escalated: the combined score puts P(wrong) at 0.700 ≥ 0.5",
             },
             Case {
                 name: "without escalation the score's reason is kept",
