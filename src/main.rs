@@ -268,9 +268,15 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         (None, false) => Rule::Elbow(floor),
     };
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
-    let (chosen, calibration) = cli::eval::calibrate(&config, &args.out, rule)?;
+    let calibrated = cli::eval::calibrate(&config, &args.out, rule, &args.combined_fit)?;
+    let (chosen, calibration) = (&calibrated.chosen, &calibrated.calibration);
+    let statistic = if calibrated.combined.is_some() {
+        "P(wrong) thresholds"
+    } else {
+        "τs"
+    };
     println!(
-        "{} quantile τs on dev; every 5% of escalation:\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|",
+        "{} quantile {statistic} on dev; every 5% of escalation:\n\n| threshold | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|",
         chosen.curve.len()
     );
     for p in &triage_eval::sweep::by_escalation_rate(&chosen.curve, 20) {
@@ -279,11 +285,22 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
             p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
         );
     }
+    let decides = match &calibrated.combined {
+        Some(c) => format!(
+            "the combined score (fitted on {} dev answers, {} left out as calibration \
+             questions; sha256 {}) escalates at P(wrong) ≥ {:.4}; saved to {}",
+            c.fit_answers,
+            c.left_out,
+            c.sha256,
+            c.threshold,
+            c.path.display()
+        ),
+        None => format!("τ = {}", chosen.tau),
+    };
     println!(
-        "\nτ = {} ({}): accuracy {:.3} (rag {:.3}, lc {:.3}), {:.1}% escalated, {:.1}% of LC's \
+        "\n{decides} ({}): accuracy {:.3} (rag {:.3}, lc {:.3}), {:.1}% escalated, {:.1}% of LC's \
          accuracy at {:.1}% of its tokens; written to {}",
-        chosen.tau,
-        chosen.rule,
+        calibration.rule,
         calibration.accuracy,
         calibration.rag_accuracy,
         calibration.lc_accuracy,

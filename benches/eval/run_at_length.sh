@@ -12,7 +12,10 @@
 #   every suite first and leaves the test splits for a later run; "signals" is the combined
 #   score's own study: forced RAG alone, which never prefills a corpus on the long-context model,
 #   on TRAIN dev questions (default 600) and on the TEST questions, then `triage signals` fitted
-#   on the first and scored on the second, into SUITE-TAG-signals.md).
+#   on the first and scored on the second, into SUITE-TAG-signals.md),
+#   ESCALATION (default tau; combined: the combined score decides instead, fitted on the
+#   signals stage's dev RAG answers with the calibration questions left out, its threshold
+#   frozen on the dev rag and lc answers, in files and runs named SUITE-TAG-combined-...).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
@@ -22,6 +25,7 @@ TEST=${TEST:-300}
 TRAIN=${TRAIN:-600}
 SEARCH=${SEARCH:-dense}
 STAGES=${STAGES:-dev test}
+ESCALATION=${ESCALATION:-tau}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
 SIGNALS='samples = 5
 probe_layers = [6, 12, 18, 23]'
@@ -37,23 +41,28 @@ else
     printf '[routing.monitor]\n%s\n\n[routing.retrieval]\nsearch = "%s"\n' "$SIGNALS" "$SEARCH" \
         > "$SETTINGS"
 fi
+# The dev rag and lc answers are the same whatever decides; the frozen point is not.
+POINT=$TAG
+[ "$ESCALATION" = combined ] && POINT=$TAG-combined
 for suite in $SUITES; do
     case " $STAGES " in *" dev "*) ;; *) continue ;; esac
     echo "== $suite: dev ($DEV questions at $TOKENS tokens, $SEARCH search), $(date -u +%FT%TZ)"
+    fit=()
+    [ "$ESCALATION" = combined ] && fit=(--combined-fit "$OUT/$suite-$TAG-dev-rag")
     "$BIN" calibrate --suite "$suite" --context-tokens "$TOKENS" --limit "$DEV" --quiet \
         --config "$SETTINGS" --runs "$OUT/$suite-$TAG-dev" --min-retained 0.95 --cheapest \
-        --out "$OUT/$suite-$TAG-calibrated.toml"
-    # The test run records the same signals under the calibrated τ (and the retrieval settings
-    # the calibrated file carries).
+        "${fit[@]}" --out "$OUT/$suite-$POINT-calibrated.toml"
+    # The test run records the same signals under the calibrated τ or score (and the retrieval
+    # settings the calibrated file carries).
     awk -v signals="$SIGNALS" '{ print } /^\[routing\.monitor\]$/ { print signals }' \
-        "$OUT/$suite-$TAG-calibrated.toml" > "$OUT/$suite-$TAG-routing.toml"
+        "$OUT/$suite-$POINT-calibrated.toml" > "$OUT/$suite-$POINT-routing.toml"
 done
 for suite in $SUITES; do
     case " $STAGES " in *" test "*) ;; *) continue ;; esac
     echo "== $suite: test ($TEST questions), $(date -u +%FT%TZ)"
     "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$TEST" --split test --quiet \
-        --systems rag,lc,auto --config "$OUT/$suite-$TAG-routing.toml" \
-        --out "$OUT/$suite-$TAG-test"
+        --systems rag,lc,auto --config "$OUT/$suite-$POINT-routing.toml" \
+        --out "$OUT/$suite-$POINT-test"
     echo "== $suite: done, $(date -u +%FT%TZ)"
 done
 for suite in $SUITES; do

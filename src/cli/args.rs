@@ -148,6 +148,12 @@ pub struct CalibrateArgs {
     /// statistic's quantile at one minus it).
     #[arg(long, conflicts_with_all = ["min_accuracy", "min_retained"])]
     pub escalation_rate: Option<f64>,
+    /// Calibrate the combined score instead of τ: fit it on these dev runs' RAG answers
+    /// (leaving out the questions the calibration asks), choose its P(wrong) threshold on the
+    /// rag and lc answers by the same rule, save it beside --out (`.combined.json`) and point
+    /// the routing file at it. A decline is then judged by the score like any answer.
+    #[arg(long)]
+    pub combined_fit: Vec<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]

@@ -9,10 +9,12 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use triage_eval::calibrate::{self, Rule};
+use triage_eval::combined_calibration;
 use triage_eval::report;
 use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
+use triage_router::combined_score::{self, CombinedScore, CombinedScoreModel};
 use triage_router::routing_config::{
     Calibration, ClassifierSetting, RagSearch, RetrievalSettings, UNANSWERABLE,
 };
@@ -495,24 +497,40 @@ struct CalibratedRouting {
 
 #[derive(Debug, Serialize)]
 struct CalibratedMonitor {
-    tau: f32,
+    /// Absent when a combined score decides instead (the engine's default τ stays, unused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tau: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    combined_score: Option<PathBuf>,
     window: usize,
     estimator: triage_engine::entropy_monitor::EntropyEstimator,
     unit: triage_engine::entropy_monitor::EntropyUnit,
     calibration: Calibration,
 }
 
+/// What decides escalation in a calibrated routing file.
+pub enum Escalation {
+    Tau(f64),
+    /// The combined score saved at this path, its threshold inside it.
+    Combined(PathBuf),
+}
+
 /// The routing TOML for a calibration on RAG answers retrieved with `retrieval`.
 pub fn calibrated_toml(
-    tau: f64,
+    escalation: Escalation,
     calibration: &Calibration,
     retrieval: &RetrievalSettings,
 ) -> Result<String> {
+    let (tau, combined_score) = match escalation {
+        Escalation::Tau(tau) => (Some(tau as f32), None),
+        Escalation::Combined(path) => (None, Some(path)),
+    };
     let file = CalibratedFile {
         routing: CalibratedRouting {
             retrieval: retrieval.clone(),
             monitor: CalibratedMonitor {
-                tau: tau as f32,
+                tau,
+                combined_score,
                 window: calibration.window,
                 estimator: calibration.estimator,
                 unit: calibration.unit,
@@ -529,23 +547,100 @@ pub fn calibrated_toml(
     ))
 }
 
-/// `triage calibrate`: run rag and lc on the dev split (resumable, in `runs`), choose τ, write
-/// `out`; returns the choice and the sweep.
+/// The combined score `triage calibrate --combined-fit` saved.
+#[derive(Debug)]
+pub struct CombinedSaved {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub threshold: f64,
+    /// Dev answers it was fitted on, and those left out as calibration questions.
+    pub fit_answers: usize,
+    pub left_out: usize,
+}
+
+/// What `triage calibrate` chose and wrote.
+#[derive(Debug)]
+pub struct Calibrated {
+    pub chosen: calibrate::Chosen,
+    pub calibration: Calibration,
+    pub combined: Option<CombinedSaved>,
+}
+
+/// `triage calibrate`: run rag and lc on the dev split (resumable, in `runs`), choose τ (or,
+/// with `combined_fit` runs, the combined score's threshold), write `out`.
 pub fn calibrate(
     config: &EvalConfig,
     out: &Path,
     rule: Rule,
-) -> Result<(calibrate::Chosen, Calibration)> {
+    combined_fit: &[PathBuf],
+) -> Result<Calibrated> {
     if config.split != Split::Dev {
         bail!("τ is calibrated on the dev split only (--split dev); test is for reporting");
     }
     let mut run_config = config.clone();
     run_config.systems = vec![System::Rag, System::Lc];
     let done = run(&run_config)?;
-    let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
-    let text = calibrated_toml(chosen.tau, &calibration, &config.config.routing.retrieval)?;
+    let retrieval = &config.config.routing.retrieval;
+    let calibrated = if combined_fit.is_empty() {
+        let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
+        let text = calibrated_toml(Escalation::Tau(chosen.tau), &calibration, retrieval)?;
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+        Calibrated {
+            chosen,
+            calibration,
+            combined: None,
+        }
+    } else {
+        calibrate_combined(&done.rows, out, rule, combined_fit, retrieval)?
+    };
+    Ok(calibrated)
+}
+
+/// The combined score fitted on `fit_dirs`, its threshold chosen on `rows`, saved beside `out`
+/// and named by the routing file written to `out`.
+fn calibrate_combined(
+    rows: &[ResultRow],
+    out: &Path,
+    rule: Rule,
+    fit_dirs: &[PathBuf],
+    retrieval: &RetrievalSettings,
+) -> Result<Calibrated> {
+    let mut fit_rows = Vec::new();
+    for dir in fit_dirs {
+        fit_rows.extend_from_slice(ResultsFile::open(dir)?.rows());
+    }
+    let c = combined_calibration::calibrate_combined(rows, &fit_rows, rule)?;
+    let score = CombinedScore {
+        model: CombinedScoreModel {
+            model_id: c.calibration.model.clone(),
+            inputs: combined_score::INPUTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            logistic: c.logistic.clone(),
+            threshold: c.threshold,
+        },
+    };
+    let path = std::path::absolute(out.with_extension("combined.json"))
+        .with_context(|| format!("resolving {}", out.display()))?;
+    let sha256 = score.save(&path)?;
+    let text = calibrated_toml(
+        Escalation::Combined(path.clone()),
+        &c.calibration,
+        retrieval,
+    )?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
-    Ok((chosen, calibration))
+    Ok(Calibrated {
+        chosen: c.chosen,
+        calibration: c.calibration,
+        combined: Some(CombinedSaved {
+            path,
+            sha256,
+            threshold: c.threshold,
+            fit_answers: c.fit_answers,
+            left_out: c.left_out,
+        }),
+    })
 }
 
 #[cfg(test)]
@@ -610,7 +705,7 @@ mod tests {
             k: 6,
             ..RetrievalSettings::default()
         };
-        let text = calibrated_toml(0.85, &calibration, &retrieval).unwrap();
+        let text = calibrated_toml(Escalation::Tau(0.85), &calibration, &retrieval).unwrap();
         let config = TriageConfig::from_toml_str(&text).unwrap();
         assert_eq!(config.routing.monitor.tau, 0.85);
         // τ holds for the retrieval its RAG answers came from, so the file carries it.
@@ -631,5 +726,16 @@ mod tests {
         let config = TriageConfig::from_toml_str(&edited).unwrap();
         let err = config.routing.validate().unwrap_err().to_string();
         assert!(err.contains("calibrated"), "{err}");
+        // A calibrated combined score: the file names it and leaves τ at the default.
+        let path = PathBuf::from("/runs/squad-v2-calibrated.combined.json");
+        let text =
+            calibrated_toml(Escalation::Combined(path.clone()), &calibration, &retrieval).unwrap();
+        let config = TriageConfig::from_toml_str(&text).unwrap();
+        assert_eq!(config.routing.monitor.combined_score, Some(path));
+        assert_eq!(
+            config.routing.monitor.tau,
+            RoutingConfig::default().monitor.tau
+        );
+        config.routing.validate().unwrap();
     }
 }

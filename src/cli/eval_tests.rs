@@ -141,6 +141,7 @@ fn calibration_is_refused_on_the_test_split() {
         &config,
         &dir.path().join("routing.toml"),
         triage_eval::calibrate::Rule::Elbow(triage_eval::calibrate::Floor::None),
+        &[],
     )
     .unwrap_err()
     .to_string();

@@ -249,15 +249,25 @@ pub fn data_hash(rows: &[ResultRow]) -> String {
 }
 
 /// What a τ only holds for: the model, estimator, unit and window it was applied with.
-fn monitor_settings(tau: &TauRecord) -> impl PartialEq + std::fmt::Debug + '_ {
+pub(crate) fn monitor_settings(tau: &TauRecord) -> impl PartialEq + std::fmt::Debug + '_ {
     (tau.model.as_str(), tau.estimator, tau.unit, tau.window)
 }
 
 /// Calibrate τ from the `rag` and `lc` rows of a dev run.
 pub fn calibrate(rows: &[ResultRow], rule: Rule) -> Result<(Chosen, Calibration)> {
-    let Some(first) = rows.first() else {
+    let tau = dev_monitor_settings(rows)?;
+    let pairs = rag_lc_pairs(rows);
+    let chosen = choose(&pairs, rule)?;
+    let calibration = calibration_record(rows, &tau, pairs.len(), &chosen);
+    Ok((chosen, calibration))
+}
+
+/// The monitor settings the dev `rows`' RAG answers were recorded under, checking that every
+/// row is from the dev split and every RAG answer had the same settings.
+pub(crate) fn dev_monitor_settings(rows: &[ResultRow]) -> Result<TauRecord> {
+    if rows.is_empty() {
         return Err(EvalError::Invalid("the results file is empty".into()));
-    };
+    }
     if let Some(r) = rows.iter().find(|r| r.split != Split::Dev) {
         return Err(EvalError::Invalid(format!(
             "τ is tuned on dev only; {} is from the {} split",
@@ -288,16 +298,24 @@ pub fn calibrate(rows: &[ResultRow], rule: Rule) -> Result<(Chosen, Calibration)
             monitor_settings(other)
         )));
     }
-    let pairs = rag_lc_pairs(rows);
-    let chosen = choose(&pairs, rule)?;
-    let calibration = Calibration {
+    Ok((*tau).clone())
+}
+
+/// What the routing file records of a choice made on `queries` dev pairs of `rows`.
+pub(crate) fn calibration_record(
+    rows: &[ResultRow],
+    tau: &TauRecord,
+    queries: usize,
+    chosen: &Chosen,
+) -> Calibration {
+    Calibration {
         model: tau.model.clone(),
         estimator: tau.estimator,
         unit: tau.unit,
         window: tau.window,
-        suite: first.suite.clone(),
-        split: first.split.as_str().to_string(),
-        queries: pairs.len(),
+        suite: rows.first().map(|r| r.suite.clone()).unwrap_or_default(),
+        split: Split::Dev.as_str().to_string(),
+        queries,
         data_sha256: data_hash(rows),
         rule: chosen.rule.clone(),
         accuracy: chosen.at.accuracy,
@@ -310,12 +328,11 @@ pub fn calibrate(rows: &[ResultRow], rule: Rule) -> Result<(Chosen, Calibration)
             f64::NAN
         },
         token_reduction: 1.0 - chosen.at.mean_tokens / chosen.lc_tokens.max(1.0),
-    };
-    Ok((chosen, calibration))
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn pair(statistic: f64, rag: bool, lc: bool) -> RagLcPair {
@@ -448,7 +465,7 @@ mod tests {
     }
 
     /// A monitor record like the engine's, with `estimator` (as named in JSON).
-    fn monitor_record(estimator: &str) -> triage_types::MonitorRecord {
+    pub(crate) fn monitor_record(estimator: &str) -> triage_types::MonitorRecord {
         let nan = f32::NAN;
         triage_types::MonitorRecord {
             tau: TauRecord {

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod calibrate;
+pub mod combined_calibration;
 pub mod datasets;
 pub mod error;
 pub mod plots;

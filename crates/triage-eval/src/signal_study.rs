@@ -8,7 +8,7 @@ use serde::Serialize;
 use triage_types::auroc;
 use triage_types::linear::MassMeanProbe;
 use triage_types::linear::{FitError, LogisticModel};
-use triage_types::signals::{combined_inputs, COMBINED_INPUTS};
+use triage_types::signals::{combined_inputs, COMBINED_INPUTS, COMBINED_L2};
 use triage_types::ProbeStates;
 
 use crate::results::ResultRow;
@@ -377,7 +377,7 @@ fn fitted_auroc(
         return Ok(None);
     }
     let x: Vec<Vec<f32>> = train.iter().map(pick).collect();
-    let model = LogisticModel::fit(&x, &y, 1e-2)?;
+    let model = LogisticModel::fit(&x, &y, COMBINED_L2)?;
     let scores = test
         .iter()
         .map(|l| model.predict(&pick(l)))

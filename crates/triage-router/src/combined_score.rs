@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, RouterError};
 use crate::linear::{freeze, thaw, LogisticModel};
 
+use triage_types::signals::COMBINED_L2;
 pub use triage_types::signals::{combined_inputs as inputs, COMBINED_INPUTS as INPUTS};
 
 /// The frozen model.
@@ -36,7 +37,7 @@ impl CombinedScore {
             model: CombinedScoreModel {
                 model_id: model_id.to_string(),
                 inputs: INPUTS.iter().map(|s| s.to_string()).collect(),
-                logistic: LogisticModel::fit(rows, wrong, 1e-2)?,
+                logistic: LogisticModel::fit(rows, wrong, COMBINED_L2)?,
                 threshold,
             },
         })

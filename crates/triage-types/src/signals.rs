@@ -192,6 +192,10 @@ impl ProbeStates {
     }
 }
 
+/// The L2 penalty of the combined score's logistic fit, wherever it is fitted (the router's
+/// frozen score, `triage calibrate --combined-fit`, `triage signals`).
+pub const COMBINED_L2: f64 = 1e-2;
+
 /// The combined escalation score's inputs, in order; each oriented so that larger means more
 /// likely wrong where the sign is known.
 pub const COMBINED_INPUTS: [&str; 22] = [

@@ -1,0 +1,235 @@
+//! `triage calibrate --combined-fit`: the combined score as the escalation statistic. The
+//! logistic model is fitted on dev RAG answers of other runs with the calibration questions
+//! left out, so the threshold is chosen on P(wrong)s the model never saw, as test will see
+//! them; the threshold is then chosen on the calibration questions' rag and lc answers by the
+//! same rules as τ. Under a combined score a decline is judged like any answer (the score
+//! reads `declined` as an input), so the dev sweep does not force declines up either.
+
+use std::collections::{HashMap, HashSet};
+
+use triage_types::linear::LogisticModel;
+use triage_types::signals::COMBINED_L2;
+use triage_types::Calibration;
+
+use crate::calibrate::{
+    calibration_record, choose, dev_monitor_settings, monitor_settings, Chosen, Rule,
+};
+use crate::error::{EvalError, Result};
+use crate::results::ResultRow;
+use crate::signal_study::labelled;
+use crate::suites::Split;
+use crate::sweep::{rag_lc_pairs, RagLcPair};
+use crate::system::System;
+
+/// The fitted score and the threshold chosen for it.
+#[derive(Debug, Clone)]
+pub struct CombinedCalibration {
+    pub chosen: Chosen,
+    pub calibration: Calibration,
+    pub logistic: LogisticModel,
+    /// Escalate when P(wrong) is at least this (the router's comparison): the chosen τ, which
+    /// the sweep escalates strictly above, moved to the next representable value.
+    pub threshold: f64,
+    /// Train answers the model was fitted on, and those left out because the calibration asks
+    /// the same question.
+    pub fit_answers: usize,
+    pub left_out: usize,
+}
+
+/// Fit the combined score on `fit_rows`' RAG answers whose question `rows` does not ask, and
+/// choose its threshold on `rows`' rag and lc pairs by `rule`.
+pub fn calibrate_combined(
+    rows: &[ResultRow],
+    fit_rows: &[ResultRow],
+    rule: Rule,
+) -> Result<CombinedCalibration> {
+    let tau = dev_monitor_settings(rows)?;
+    if let Some(r) = fit_rows.iter().find(|r| r.split != Split::Dev) {
+        return Err(EvalError::Invalid(format!(
+            "the combined score is fitted on dev only; {} is from the {} split",
+            r.example,
+            r.split.as_str()
+        )));
+    }
+    if let Some(other) = fit_rows
+        .iter()
+        .filter_map(|r| r.decision.monitor.as_ref())
+        .find(|m| monitor_settings(&m.tau) != monitor_settings(&tau))
+    {
+        return Err(EvalError::Invalid(format!(
+            "the fit runs' answers were monitored with other settings ({:?}) than the \
+             calibration's ({:?}): fit the score on answers of the same model and estimator",
+            monitor_settings(&other.tau),
+            monitor_settings(&tau)
+        )));
+    }
+    let asked: HashSet<&str> = rows.iter().map(|r| r.example.as_str()).collect();
+    let (kept, left): (Vec<ResultRow>, Vec<ResultRow>) = fit_rows
+        .iter()
+        .filter(|r| r.system == System::Rag)
+        .cloned()
+        .partition(|r| !asked.contains(r.example.as_str()));
+    let train = labelled(&kept);
+    if train.iter().all(|l| l.wrong) || train.iter().all(|l| !l.wrong) {
+        return Err(EvalError::Invalid(format!(
+            "the combined score needs right and wrong RAG answers to fit on; the fit runs hold \
+             {} monitored answers to questions the calibration does not ask",
+            train.len()
+        )));
+    }
+    let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
+    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
+    let logistic = LogisticModel::fit(&x, &y, COMBINED_L2)
+        .map_err(|e| EvalError::Invalid(format!("fitting the combined score: {e}")))?;
+    let pairs = scored_pairs(rows, |inputs| logistic.predict(inputs).ok())?;
+    let chosen = choose(&pairs, rule)?;
+    let mut calibration = calibration_record(rows, &tau, pairs.len(), &chosen);
+    calibration.rule = format!("combined score: {}", chosen.rule.replace('τ', "threshold"));
+    Ok(CombinedCalibration {
+        threshold: chosen.tau.next_up(),
+        chosen,
+        calibration,
+        logistic,
+        fit_answers: train.len(),
+        left_out: left.len(),
+    })
+}
+
+/// `rows`' rag and lc pairs with P(wrong) from `p_wrong` (given an answer's combined inputs)
+/// as the statistic. An answer without a monitor statistic (no answer token) still escalates,
+/// as in the pipeline; a decline does not on its own.
+pub fn scored_pairs(
+    rows: &[ResultRow],
+    p_wrong: impl Fn(&[f32]) -> Option<f64>,
+) -> Result<Vec<RagLcPair>> {
+    let rag: Vec<&ResultRow> = rows.iter().filter(|r| r.system == System::Rag).collect();
+    let owned: Vec<ResultRow> = rag.iter().map(|r| (*r).clone()).collect();
+    let inputs = labelled(&owned);
+    if inputs.len() != rag.len() {
+        return Err(EvalError::Invalid(format!(
+            "{} of {} rag answers carry no monitor record to score",
+            rag.len() - inputs.len(),
+            rag.len()
+        )));
+    }
+    let scores: HashMap<&str, Option<f64>> = rag
+        .iter()
+        .zip(&inputs)
+        .map(|(r, l)| (r.example.as_str(), p_wrong(&l.inputs)))
+        .collect();
+    Ok(rag_lc_pairs(rows)
+        .into_iter()
+        .map(|p| RagLcPair {
+            statistic: p
+                .statistic
+                .and_then(|_| scores.get(p.example.as_str()).copied().flatten()),
+            declined: false,
+            ..p
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calibrate::Floor;
+    use crate::results::tests::row;
+    use crate::sweep::point;
+    use triage_types::signals::COMBINED_INPUTS;
+
+    /// A RAG row whose monitor records `declined`, a span mean of `mean` and sample agreement
+    /// `agreement`, right or wrong.
+    fn rag(example: &str, correct: bool, mean: f32, agreement: f32, declined: bool) -> ResultRow {
+        let mut r = row("rag", example, correct, 100);
+        let mut m = crate::calibrate::tests::monitor_record("full_softmax");
+        m.mean = Some(mean);
+        m.signals.span_mean_entropy = mean;
+        m.signals.sample_agreement = agreement;
+        m.signals.declined = declined;
+        r.rag_statistic = Some(f64::from(mean));
+        r.decision.monitor = Some(m);
+        r
+    }
+
+    /// `n` questions named `prefix{i}`: RAG is wrong on every third (low sample agreement, a
+    /// noisy entropy), LC right on all; every fifth RAG answer is a right decline.
+    fn rows(prefix: &str, n: usize) -> Vec<ResultRow> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let e = format!("{prefix}{i}");
+            let wrong = i % 3 == 0;
+            let agreement = if wrong { 0.2 } else { 0.9 } + 0.01 * (i % 7) as f32;
+            out.push(rag(
+                &e,
+                !wrong,
+                (i % 5) as f32 * 0.3,
+                agreement,
+                i % 5 == 1 && !wrong,
+            ));
+            out.push(row("lc", &e, true, 1_000));
+        }
+        out
+    }
+
+    #[test]
+    fn the_threshold_is_chosen_on_questions_the_fit_never_saw() {
+        let calibration = rows("q", 30);
+        // The fit runs ask the calibration's first ten questions too, and 60 others.
+        let mut fit = rows("q", 10);
+        fit.extend(rows("f", 60));
+        let c =
+            calibrate_combined(&calibration, &fit, Rule::Cheapest(Floor::Retained(1.0))).unwrap();
+        assert_eq!((c.fit_answers, c.left_out), (60, 10));
+        // Sample agreement tells every wrong answer: reaching LC's accuracy escalates the ten
+        // wrong ones and no right one, the right declines included.
+        assert_eq!(c.chosen.at.accuracy, 1.0);
+        assert!((c.chosen.at.escalation_rate - 10.0 / 30.0).abs() < 1e-12);
+        assert!(c
+            .calibration
+            .rule
+            .starts_with("combined score: cheapest threshold"));
+        // The router escalates at P(wrong) ≥ threshold: the same answers as the sweep.
+        let pairs = scored_pairs(&calibration, |x| c.logistic.predict(x).ok()).unwrap();
+        for p in &pairs {
+            let s = p.statistic.unwrap();
+            assert_eq!(s >= c.threshold, p.escalates(c.chosen.tau), "{p:?}");
+        }
+        assert_eq!(c.logistic.weights.len(), COMBINED_INPUTS.len());
+    }
+
+    #[test]
+    fn a_decline_is_scored_not_forced_up_and_no_answer_still_escalates() {
+        let mut r = rows("q", 10);
+        r[0].rag_statistic = None;
+        let pairs = scored_pairs(&r, |_| Some(0.1)).unwrap();
+        assert!(pairs.iter().all(|p| !p.declined));
+        assert_eq!(pairs[0].statistic, None);
+        assert!(pairs[1..].iter().all(|p| p.statistic == Some(0.1)));
+        // Above every P(wrong), only the answer without a statistic escalates.
+        assert_eq!(point(&pairs, 0.5).escalation_rate, 0.1);
+    }
+
+    #[test]
+    fn test_rows_other_models_and_one_sided_fits_are_refused() {
+        let calibration = rows("q", 12);
+        let mut test = rows("f", 12);
+        for r in &mut test {
+            r.split = Split::Test;
+        }
+        let rule = Rule::Cheapest(Floor::Retained(0.95));
+        let err = calibrate_combined(&calibration, &test, rule).unwrap_err();
+        assert!(err.to_string().contains("dev only"), "{err}");
+        // Answers of another base model cannot be scored alike.
+        let mut other = rows("f", 12);
+        for r in &mut other {
+            if let Some(m) = r.decision.monitor.as_mut() {
+                m.tau.model = "qwen2.5-coder-1.5b".into();
+            }
+        }
+        let err = calibrate_combined(&calibration, &other, rule).unwrap_err();
+        assert!(err.to_string().contains("other settings"), "{err}");
+        // Fit runs that only ask the calibration's own questions leave nothing to fit on.
+        let err = calibrate_combined(&calibration, &calibration, rule).unwrap_err();
+        assert!(err.to_string().contains("right and wrong"), "{err}");
+    }
+}
