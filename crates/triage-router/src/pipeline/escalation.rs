@@ -104,6 +104,11 @@ pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     }
 }
 
+/// A calibrated threshold to four places for a reason (the file holds it whole): 0.9335, 0.5.
+fn shown(threshold: f64) -> f64 {
+    (threshold * 1e4).round() / 1e4
+}
+
 /// A decline escalates on its own only where no combined score judges it.
 fn declined_escalates(s: &EscalationSignals) -> bool {
     s.declined && s.combined.is_none()
@@ -114,7 +119,8 @@ fn why_it_stands(s: &EscalationSignals) -> String {
     match s.combined {
         Some(c) => format!(
             "the combined score puts P(wrong) at {:.3} < {}",
-            c.p_wrong, c.threshold
+            c.p_wrong,
+            shown(c.threshold)
         ),
         None => format!(
             "the RAG answer's entropy stayed within τ (mean {})",
@@ -137,7 +143,8 @@ fn why(s: &EscalationSignals) -> String {
     } else if let Some(c) = s.combined {
         format!(
             "the combined score puts P(wrong) at {:.3} ≥ {}",
-            c.p_wrong, c.threshold
+            c.p_wrong,
+            shown(c.threshold)
         )
     } else {
         format!(
@@ -385,6 +392,19 @@ mod tests {
                 accepted: true,
                 path: RoutePath::Rag,
                 reason: "the combined score puts P(wrong) at NaN < 0.5",
+            },
+            Case {
+                name: "a calibrated threshold is shown to four places",
+                change: |s| {
+                    combined(s, 0.1);
+                    s.combined = s.combined.map(|c| CombinedVerdict {
+                        threshold: 0.933_510_475_768_914_1,
+                        ..c
+                    });
+                },
+                accepted: true,
+                path: RoutePath::Rag,
+                reason: "the combined score puts P(wrong) at 0.100 < 0.9335",
             },
             Case {
                 name: "a decline the score trusts stands",
