@@ -117,7 +117,17 @@ pub fn scored_pairs(
         .zip(&inputs)
         .map(|(r, l)| (r.example.as_str(), p_wrong(&l.inputs)))
         .collect();
-    Ok(rag_lc_pairs(rows)
+    Ok(judged_by_score(rag_lc_pairs(rows), &scores))
+}
+
+/// `pairs` with each example's P(wrong) from `scores` as the statistic: an answer without a
+/// monitor statistic (no answer token) or without a score still escalates, a decline no longer
+/// does on its own.
+pub fn judged_by_score(
+    pairs: Vec<RagLcPair>,
+    scores: &HashMap<&str, Option<f64>>,
+) -> Vec<RagLcPair> {
+    pairs
         .into_iter()
         .map(|p| RagLcPair {
             statistic: p
@@ -126,7 +136,7 @@ pub fn scored_pairs(
             declined: false,
             ..p
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]

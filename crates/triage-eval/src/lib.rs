@@ -6,6 +6,7 @@
 
 pub mod calibrate;
 pub mod combined_calibration;
+pub mod combined_sweep;
 pub mod datasets;
 pub mod error;
 pub mod plots;

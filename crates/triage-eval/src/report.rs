@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 use triage_types::{auroc, RoutePath};
 
+use crate::combined_sweep::{combined_sweep, CombinedSweep};
 use crate::probe::{probe_aurocs, ProbeAuroc};
 use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
@@ -116,6 +117,8 @@ pub struct Report {
     pub rag_lc_ratio: Option<f64>,
     /// Hidden-state probes for a wrong RAG answer, where the answers recorded their states.
     pub probes: Vec<ProbeAuroc>,
+    /// The combined score, where the RAG answers recorded its P(wrong).
+    pub combined: Option<CombinedSweep>,
     pub depth: Vec<DepthRow>,
 }
 
@@ -398,6 +401,7 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
         apgr: apgr(&pairs),
         rag_lc_ratio,
         probes: probe_aurocs(&rag_rows),
+        combined: combined_sweep(&paired),
         depth,
     }
 }
@@ -583,6 +587,9 @@ pub fn markdown(r: &Report) -> String {
             ));
         }
     }
+    if let Some(c) = &r.combined {
+        s.push_str(&combined_markdown(c));
+    }
     if !r.depth.is_empty() {
         s.push_str("\n## Accuracy by needle depth\n\n| depth |");
         let names: Vec<&str> = r.systems.iter().map(|m| m.system.as_str()).collect();
@@ -601,6 +608,31 @@ pub fn markdown(r: &Report) -> String {
             }
             s.push('\n');
         }
+    }
+    s
+}
+
+/// The combined score's section.
+fn combined_markdown(c: &CombinedSweep) -> String {
+    let mut s = format!(
+        "\n## Combined score (P(wrong) recorded with each RAG answer)\n\n{} RAG answers; \
+         AUROC for a wrong answer {}, for \"long context fixes it\" {}; the run escalated at \
+         P(wrong) ≥ {}. Offline sweep over its quantiles (a decline judged by the score, not \
+         forced up): area under the accuracy–tokens curve {}, routing at random {}; APGR {}.\n\n\
+         | P(wrong) above | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
+        c.n,
+        opt(c.auroc_wrong, 3),
+        opt(c.auroc_lc_fixes, 3),
+        opt(c.threshold, 4),
+        opt(c.area.map(|a| a.area), 3),
+        opt(c.area.map(|a| a.random), 3),
+        opt(c.apgr, 3)
+    );
+    for p in &c.sweep {
+        s.push_str(&format!(
+            "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
+            p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
+        ));
     }
     s
 }
