@@ -2,8 +2,10 @@
 //! logistic model is fitted on dev RAG answers of other runs with the calibration questions
 //! left out, so the threshold is chosen on P(wrong)s the model never saw, as test will see
 //! them; the threshold is then chosen on the calibration questions' rag and lc answers by the
-//! same rules as τ. Under a combined score a decline is judged like any answer (the score
-//! reads `declined` as an input), so the dev sweep does not force declines up either.
+//! same rules as τ. Under a combined score, where abstaining is an allowed answer, a decline is
+//! judged like any answer (the score reads `declined` as an input), so the dev sweep does not
+//! force declines up either. Where it is not allowed, the forced-RAG answers the sweep reads
+//! are asked without the option to decline, so none is there to force.
 
 use std::collections::{HashMap, HashSet};
 

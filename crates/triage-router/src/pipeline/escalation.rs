@@ -56,6 +56,9 @@ pub(super) struct EscalationSignals {
     pub no_content: bool,
     /// The base model said the context is insufficient (Self-Route prompt).
     pub declined: bool,
+    /// "unanswerable" may be the final answer (`routing.abstain`); otherwise a decline is
+    /// only ever a request for long context.
+    pub abstention_allowed: bool,
     /// The path of the RAG answer (`rag` or `hybrid`).
     pub rag_path: RoutePath,
     pub fallback: Fallback,
@@ -72,11 +75,11 @@ pub(super) struct Verdict {
 }
 
 /// Decide whether the RAG answer stands. An answer without content never counts as accepted,
-/// nor does a decline without a combined score; with a combined score, P(wrong) reaching its
-/// threshold escalates however calm the entropy was, and a decline is judged like any answer:
-/// the score reads `declined` among its inputs and learned from its dev split how often a
+/// nor does a decline, unless a combined score judges it where abstaining is an allowed answer;
+/// with a combined score, P(wrong) reaching its threshold escalates however calm the entropy
+/// was. The score reads `declined` among its inputs and learned from its dev split how often a
 /// decline is wrong there (on SQuAD v2 "unanswerable" is often the right answer, and long
-/// context rarely does better on it).
+/// context rarely does better on it); where abstaining is not allowed, a decline is no answer.
 pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     let combined_escalates = s.combined.is_some_and(|c| c.p_wrong >= c.threshold);
     let probe_escalates = s.probe.is_some_and(|p| p.escalates());
@@ -109,9 +112,10 @@ fn shown(threshold: f64) -> f64 {
     (threshold * 1e4).round() / 1e4
 }
 
-/// A decline escalates on its own only where no combined score judges it.
+/// A decline escalates on its own unless a combined score judges it, which it does only where
+/// "unanswerable" may stand as the answer.
 fn declined_escalates(s: &EscalationSignals) -> bool {
-    s.declined && s.combined.is_none()
+    s.declined && !(s.combined.is_some() && s.abstention_allowed)
 }
 
 /// Why an accepted answer stands: the signal that decided.
@@ -174,6 +178,7 @@ mod tests {
             probe: None,
             no_content: false,
             declined: false,
+            abstention_allowed: true,
             rag_path: RoutePath::Rag,
             fallback: Fallback::LongContext,
         }
@@ -415,6 +420,17 @@ mod tests {
                 accepted: true,
                 path: RoutePath::Rag,
                 reason: "the combined score puts P(wrong) at 0.200 < 0.5",
+            },
+            Case {
+                name: "where abstaining is not an answer, a decline escalates whatever the score",
+                change: |s| {
+                    combined(s, 0.2);
+                    s.declined = true;
+                    s.abstention_allowed = false;
+                },
+                accepted: false,
+                path: RoutePath::Lc,
+                reason: "escalated: the base model said the context is insufficient",
             },
             Case {
                 name: "a decline the score doubts escalates on the score",

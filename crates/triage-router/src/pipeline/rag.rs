@@ -344,6 +344,7 @@ impl Run<'_, '_> {
             // nothing, however calm its tokens were.
             no_content: !span.trace.iter().any(|&(_, in_span)| in_span),
             declined,
+            abstention_allowed: self.config().abstain,
             rag_path,
             fallback,
         });
