@@ -66,12 +66,11 @@ pub fn calibrate_combined(
         )));
     }
     let asked: HashSet<&str> = rows.iter().map(|r| r.example.as_str()).collect();
-    let (kept, left): (Vec<ResultRow>, Vec<ResultRow>) = fit_rows
+    let (kept, left): (Vec<&ResultRow>, Vec<&ResultRow>) = fit_rows
         .iter()
         .filter(|r| r.system == System::Rag)
-        .cloned()
         .partition(|r| !asked.contains(r.example.as_str()));
-    let train = labelled(&kept);
+    let train = labelled(kept);
     if train.iter().all(|l| l.wrong) || train.iter().all(|l| !l.wrong) {
         return Err(EvalError::Invalid(format!(
             "the combined score needs right and wrong RAG answers to fit on; the fit runs hold \
@@ -105,8 +104,7 @@ pub fn scored_pairs(
     p_wrong: impl Fn(&[f32]) -> Option<f64>,
 ) -> Result<Vec<RagLcPair>> {
     let rag: Vec<&ResultRow> = rows.iter().filter(|r| r.system == System::Rag).collect();
-    let owned: Vec<ResultRow> = rag.iter().map(|r| (*r).clone()).collect();
-    let inputs = labelled(&owned);
+    let inputs = labelled(rag.iter().copied());
     if inputs.len() != rag.len() {
         return Err(EvalError::Invalid(format!(
             "{} of {} rag answers carry no monitor record to score",

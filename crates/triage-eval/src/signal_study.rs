@@ -33,8 +33,8 @@ pub struct Labelled {
 }
 
 /// The `rag` rows that carry a monitor record.
-pub fn labelled(rows: &[ResultRow]) -> Vec<Labelled> {
-    rows.iter()
+pub fn labelled<'a>(rows: impl IntoIterator<Item = &'a ResultRow>) -> Vec<Labelled> {
+    rows.into_iter()
         .filter(|r| r.system == System::Rag)
         .filter_map(|r| {
             let m = r.decision.monitor.as_ref()?;
