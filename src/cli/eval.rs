@@ -73,11 +73,11 @@ impl SystemRouting for System {
                 r.monitor.calibration = None;
                 r.actions = vec![RoutePath::Rag, RoutePath::Lc];
             }
-            Self::Auto => {}
-            // Forced paths ignore the router's stages; their RAG prompt has no decline.
-            Self::None | Self::Rag | Self::Hybrid | Self::Lc | Self::Oracle => {
-                r.monitor.self_route = false;
-            }
+            // auto is the configuration as given. Forced paths ignore the router's stages, and
+            // their RAG prompt is the routing's own (with Self-Route's decline where it is on),
+            // so the forced answers are the routed first stage that calibration and the
+            // report's sweeps replay; a forced decline is the final answer.
+            Self::Auto | Self::None | Self::Rag | Self::Hybrid | Self::Lc | Self::Oracle => {}
         }
         r
     }
@@ -346,6 +346,9 @@ fn manifest(config: &EvalConfig, routing: &RoutingConfig) -> Result<serde_json::
         "models": models,
         "routing": routing,
         "edar_classifier": config.edar_classifier,
+        // Forced RAG has asked the routing's own prompt since this key was added; runs from
+        // before (no key) asked without Self-Route's decline and must not be resumed into.
+        "forced_rag_prompt": "as routed",
     }))
 }
 
@@ -648,6 +651,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_run_resumes_only_under_its_own_settings_and_forced_rag_prompt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = serde_json::json!({"suite": "hotpotqa", "forced_rag_prompt": "as routed"});
+        check_manifest(dir.path(), &mine).unwrap();
+        check_manifest(dir.path(), &mine).unwrap();
+        let other = serde_json::json!({"suite": "squad-v2", "forced_rag_prompt": "as routed"});
+        let err = check_manifest(dir.path(), &other).unwrap_err().to_string();
+        assert!(err.contains("suite"), "{err}");
+        // A run from before forced RAG asked the routing's prompt is not resumed into.
+        let before = tempfile::tempdir().unwrap();
+        std::fs::write(before.path().join("run.json"), r#"{"suite": "hotpotqa"}"#).unwrap();
+        let err = check_manifest(before.path(), &mine)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("forced_rag_prompt: nothing"), "{err}");
+    }
+
+    #[test]
     fn systems_parse_and_each_baseline_has_its_settings() {
         assert_eq!(
             parse_systems("rag, lc,rag,oracle").unwrap(),
@@ -669,7 +690,9 @@ mod tests {
         let sr = System::SelfRoute.routing(&base, &zero);
         assert!(sr.monitor.self_route && sr.classifier == ClassifierSetting::Off);
         assert!(sr.validate().is_ok());
-        assert!(!System::Rag.routing(&base, &zero).monitor.self_route);
+        // Forced RAG asks what auto's first stage asks.
+        assert!(System::Rag.routing(&base, &zero).monitor.self_route);
+        assert_eq!(System::Hybrid.routing(&base, &zero).monitor, base.monitor);
         assert_eq!(System::Hybrid.route(), Route::Hybrid);
         assert_eq!(System::Edar.route(), Route::Auto);
         // auto is the configuration as given.

@@ -4,8 +4,9 @@
 //! them; the threshold is then chosen on the calibration questions' rag and lc answers by the
 //! same rules as τ. Under a combined score, where abstaining is an allowed answer, a decline is
 //! judged like any answer (the score reads `declined` as an input), so the dev sweep does not
-//! force declines up either. Where it is not allowed, the forced-RAG answers the sweep reads
-//! are asked without the option to decline, so none is there to force.
+//! force declines up either. Where it is not allowed, a decline is no answer and escalates, in
+//! the router and in the sweep alike (forced RAG asks the routing's own prompt, declines
+//! included).
 
 use std::collections::{HashMap, HashSet};
 
@@ -117,15 +118,26 @@ pub fn scored_pairs(
         .zip(&inputs)
         .map(|(r, l)| (r.example.as_str(), p_wrong(&l.inputs)))
         .collect();
-    Ok(judged_by_score(rag_lc_pairs(rows), &scores))
+    Ok(judged_by_score(
+        rag_lc_pairs(rows),
+        &scores,
+        abstention_allowed(rows),
+    ))
+}
+
+/// Whether "unanswerable" may stand as the answer in `rows`' suite: some question has no gold
+/// answer, which is how `triage eval` turns `routing.abstain` on.
+pub fn abstention_allowed(rows: &[ResultRow]) -> bool {
+    rows.iter().any(|r| r.golds.is_empty())
 }
 
 /// `pairs` with each example's P(wrong) from `scores` as the statistic: an answer without a
-/// monitor statistic (no answer token) or without a score still escalates, a decline no longer
-/// does on its own.
+/// monitor statistic (no answer token) or without a score still escalates; a decline does on
+/// its own only where abstaining is not an answer, as in the router.
 pub fn judged_by_score(
     pairs: Vec<RagLcPair>,
     scores: &HashMap<&str, Option<f64>>,
+    abstention_allowed: bool,
 ) -> Vec<RagLcPair> {
     pairs
         .into_iter()
@@ -133,7 +145,7 @@ pub fn judged_by_score(
             statistic: p
                 .statistic
                 .and_then(|_| scores.get(p.example.as_str()).copied().flatten()),
-            declined: false,
+            declined: p.declined && !abstention_allowed,
             ..p
         })
         .collect()
@@ -146,6 +158,7 @@ mod tests {
     use crate::results::tests::row;
     use crate::sweep::point;
     use triage_types::signals::COMBINED_INPUTS;
+    use triage_types::UNANSWERABLE;
 
     /// A RAG row whose monitor records `declined`, a span mean of `mean` and sample agreement
     /// `agreement`, right or wrong.
@@ -156,6 +169,13 @@ mod tests {
         m.signals.span_mean_entropy = mean;
         m.signals.sample_agreement = agreement;
         m.signals.declined = declined;
+        if declined {
+            r.answer = UNANSWERABLE.into();
+            // A right decline answers a question without a gold answer.
+            if correct {
+                r.golds.clear();
+            }
+        }
         r.rag_statistic = Some(f64::from(mean));
         r.decision.monitor = Some(m);
         r
@@ -211,12 +231,34 @@ mod tests {
     fn a_decline_is_scored_not_forced_up_and_no_answer_still_escalates() {
         let mut r = rows("q", 10);
         r[0].rag_statistic = None;
+        assert!(abstention_allowed(&r) && r.iter().any(|x| x.answer == UNANSWERABLE));
         let pairs = scored_pairs(&r, |_| Some(0.1)).unwrap();
         assert!(pairs.iter().all(|p| !p.declined));
         assert_eq!(pairs[0].statistic, None);
         assert!(pairs[1..].iter().all(|p| p.statistic == Some(0.1)));
         // Above every P(wrong), only the answer without a statistic escalates.
         assert_eq!(point(&pairs, 0.5).escalation_rate, 0.1);
+    }
+
+    #[test]
+    fn where_abstaining_is_no_answer_a_decline_escalates_whatever_the_score() {
+        // Questions that all have a gold answer: every decline is wrong and asks for LC.
+        let mut r = rows("q", 10);
+        for (i, x) in r.iter_mut().enumerate() {
+            if x.system == System::Rag && i % 4 == 0 {
+                x.answer = UNANSWERABLE.into();
+                x.score.correct = false;
+                x.score.value = 0.0;
+            }
+        }
+        r.retain(|x| !x.golds.is_empty());
+        assert!(!abstention_allowed(&r));
+        let pairs = scored_pairs(&r, |_| Some(0.1)).unwrap();
+        let declined = pairs.iter().filter(|p| p.declined).count();
+        assert!(declined > 0);
+        // Above every P(wrong), the declines (and nothing else) escalate.
+        let at = point(&pairs, 0.5);
+        assert!((at.escalation_rate - declined as f64 / pairs.len() as f64).abs() < 1e-12);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use triage_types::auroc;
 
-use crate::combined_calibration::judged_by_score;
+use crate::combined_calibration::{abstention_allowed, judged_by_score};
 use crate::results::ResultRow;
 use crate::sweep::{
     apgr, by_escalation_rate, curve_area, point, quantile_taus, rag_lc_pairs, CurveArea, SweepPoint,
@@ -47,7 +47,7 @@ pub fn combined_sweep(rows: &[ResultRow]) -> Option<CombinedSweep> {
         .iter()
         .map(|(r, p, _)| (r.example.as_str(), *p))
         .collect();
-    let pairs = judged_by_score(rag_lc_pairs(rows), &scores);
+    let pairs = judged_by_score(rag_lc_pairs(rows), &scores, abstention_allowed(rows));
     let scored: Vec<(f64, bool, bool)> = pairs
         .iter()
         .filter_map(|p| {
@@ -81,7 +81,8 @@ mod tests {
     use crate::results::tests::row;
 
     /// Ten queries: RAG wrong on the four with the highest P(wrong), LC right on all but the
-    /// last; the first RAG answer a decline with a low P(wrong).
+    /// last; the first RAG answer a right decline (its question has no answer) with a low
+    /// P(wrong).
     fn rows(recorded: bool) -> Vec<ResultRow> {
         let mut out = Vec::new();
         for i in 0..10 {
@@ -90,6 +91,7 @@ mod tests {
             rag.rag_statistic = Some(1.0);
             if i == 0 {
                 rag.answer = "unanswerable".into();
+                rag.golds.clear();
             }
             let mut m = crate::calibrate::tests::monitor_record("full_softmax");
             if recorded {

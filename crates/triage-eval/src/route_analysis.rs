@@ -130,8 +130,9 @@ pub fn declines(rows: &[RouteRow]) -> (f64, Option<f64>) {
     (decline_rate, precision)
 }
 
-/// Names of the first signals of `combined_inputs`. "self-route declined" is left out here:
-/// forced RAG runs without the decline prompt, so it is measured on the auto runs.
+/// Names of the first signals of `combined_inputs`. "self-route declined" is left out here and
+/// measured on the auto runs, whose router flags it (forced RAG answers of runs made before
+/// forced RAG asked the routing's own prompt never decline).
 const SIGNALS: [(usize, &str); 14] = [
     (0, "mean entropy (first 30 tokens)"),
     (1, "answer-span mean entropy"),

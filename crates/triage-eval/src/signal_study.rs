@@ -9,10 +9,11 @@ use triage_types::auroc;
 use triage_types::linear::MassMeanProbe;
 use triage_types::linear::{FitError, LogisticModel};
 use triage_types::signals::{combined_inputs, COMBINED_INPUTS, COMBINED_L2};
-use triage_types::ProbeStates;
+use triage_types::{ProbeStates, UNANSWERABLE};
 
 use crate::results::ResultRow;
 use crate::route_analysis::finite_or_lowest;
+use crate::scoring::abstains;
 use crate::system::System;
 
 /// One forced-RAG answer's combined-score inputs and whether it was wrong.
@@ -39,16 +40,15 @@ pub fn labelled<'a>(rows: impl IntoIterator<Item = &'a ResultRow>) -> Vec<Labell
         .filter_map(|r| {
             let m = r.decision.monitor.as_ref()?;
             let features = r.decision.retrieval.as_ref().and_then(|x| x.features);
+            // Forced RAG answers recorded before their decline was flagged (squad-v2's were
+            // asked with it offered) say it in their text.
+            let mut signals = m.signals;
+            signals.declined |= abstains(&r.answer, UNANSWERABLE);
             Some(Labelled {
                 suite: r.suite.clone(),
                 corpus: r.group.clone(),
                 kind: r.kind.clone(),
-                inputs: combined_inputs(
-                    &m.signals,
-                    m.mean,
-                    features.as_ref(),
-                    m.grounding.as_ref(),
-                ),
+                inputs: combined_inputs(&signals, m.mean, features.as_ref(), m.grounding.as_ref()),
                 wrong: !r.score.correct,
                 states: m.probe.clone(),
                 decode_tokens: r
@@ -520,6 +520,24 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn a_forced_answer_that_declines_counts_as_a_decline_even_unflagged() {
+        let answered = |answer: &str, flagged: bool| {
+            let mut r = crate::results::tests::row("rag", "q", false, 10);
+            let mut m = crate::calibrate::tests::monitor_record("full_softmax");
+            m.signals.declined = flagged;
+            r.decision.monitor = Some(m);
+            r.answer = answer.into();
+            labelled([&r])[0].inputs[5]
+        };
+        let declined = COMBINED_INPUTS.iter().position(|&n| n == "declined");
+        assert_eq!(declined, Some(5));
+        // Recorded before forced RAG flagged its declines: the text says it.
+        assert_eq!(answered("Unanswerable.", false), 1.0);
+        assert_eq!(answered("unanswerable", true), 1.0);
+        assert_eq!(answered("Paris", false), 0.0);
     }
 
     #[test]

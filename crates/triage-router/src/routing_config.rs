@@ -116,7 +116,7 @@ pub struct MonitorSettings {
     /// Openings skipped before the answer span starts.
     pub preambles: Vec<String>,
     /// Let the base model answer "unanswerable" when the context lacks the answer, and escalate
-    /// when it does.
+    /// when it does. A forced RAG route asks the same prompt; there the decline is the answer.
     pub self_route: bool,
     /// Stop the RAG generation as soon as the monitor escalates.
     pub stop_on_escalate: bool,

@@ -626,6 +626,45 @@ fn with_abstention_long_context_may_decline_and_a_rag_decline_is_final_only_with
 }
 
 #[test]
+fn forced_rag_asks_the_routed_prompt_and_flags_its_decline() {
+    let f = fixture();
+    let q = "Who wrote the tide tables?";
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    let mut c = config();
+    c.monitor.self_route = true;
+    c.abstain = false;
+    let mut forced = question(q);
+    forced.route = Route::Rag;
+    let out = ask(&f, &mut g, c.clone(), forced.clone(), true).unwrap();
+    assert_eq!(
+        (out.answer.decision.path, out.answer.text.as_str()),
+        (RoutePath::Rag, "Unanswerable.")
+    );
+    let monitor = out.answer.decision.monitor.as_ref().unwrap();
+    assert!(monitor.signals.declined);
+    // Auto's first stage asks word for word what forced RAG asked (calibration replays the
+    // forced answers as auto's), and there the decline escalates.
+    let out = ask(&f, &mut g, c.clone(), question(q), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(g.rag_prompts[0], g.rag_prompts[1]);
+    assert!(g.rag_prompts[0].ends_with("reply exactly: unanswerable"));
+    // Without Self-Route (or abstention) the prompt offers no decline, and none is flagged.
+    c.monitor.self_route = false;
+    let out = ask(&f, &mut g, c, forced, true).unwrap();
+    assert!(!g.rag_prompts[2].contains("unanswerable"));
+    assert!(
+        !out.answer
+            .decision
+            .monitor
+            .as_ref()
+            .unwrap()
+            .signals
+            .declined
+    );
+}
+
+#[test]
 fn a_confident_closed_book_answer_skips_retrieval() {
     let f = fixture();
     let mut g = Scripted::new(f.model.clone());

@@ -54,12 +54,14 @@ impl Run<'_, '_> {
         self.check_fitted_on(&base.name)?;
         let mut span = self.span_monitor(tau)?;
         let can_escalate = fallback == Fallback::LongContext;
-        // A decline escalates when long context can take over (Self-Route, or abstention
-        // allowed: only long context sees everything); otherwise, with abstention allowed, it is
-        // the answer.
+        // The prompt is the configuration's whatever the fallback, so a forced RAG answer is
+        // the routed one's first stage, word for word (calibration reads forced answers to judge
+        // routed ones). A decline escalates when long context can take over (Self-Route, or
+        // abstention allowed: only long context sees everything); otherwise it is the answer.
         let abstain = self.config().abstain;
-        let self_route = (self.config().monitor.self_route || abstain) && can_escalate;
-        let request = self.rag_request(&hits, self_route || abstain);
+        let offers_decline = self.config().monitor.self_route || abstain;
+        let self_route = offers_decline && can_escalate;
+        let request = self.rag_request(&hits, offers_decline);
         let path = rag_path(hybrid);
         let release = match (can_escalate, self.pipeline.combined.is_some(), self_route) {
             (false, _, _) => Release::Immediately,
@@ -83,7 +85,7 @@ impl Run<'_, '_> {
             (agreement, probed),
             &mut span,
             tau,
-            self_route,
+            offers_decline,
             path,
             fallback,
         )?;
@@ -292,13 +294,13 @@ impl Run<'_, '_> {
         (sample_agreement, probe): (f32, Option<ProbeVerdict>),
         span: &mut SpanMonitor,
         tau: f32,
-        self_route: bool,
+        offers_decline: bool,
         rag_path: crate::routing_config::RoutePath,
         fallback: Fallback,
     ) -> Result<Judged> {
         let settings = &self.config().monitor;
         let monitor = span.finish();
-        let declined = self_route && declines(&generated.text);
+        let declined = offers_decline && declines(&generated.text);
         let signals = AnswerSignals {
             sample_agreement,
             ..AnswerSignals::from_tokens(
