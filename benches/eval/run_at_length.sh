@@ -15,7 +15,10 @@
 #   on the first and scored on the second, into SUITE-TAG-signals.md),
 #   ESCALATION (default tau; combined: the combined score decides instead, fitted on the
 #   signals stage's dev RAG answers with the calibration questions left out, its threshold
-#   frozen on the dev rag and lc answers, in files and runs named SUITE-TAG-combined-...).
+#   frozen on the dev rag and lc answers, in files and runs named SUITE-TAG-combined-...),
+#   SELF_ROUTE (default on; off: the RAG prompt, forced or routed, offers no "unanswerable",
+#   in runs named SUITE-TOKENS-SEARCH-nodecline-...; for suites where the offer costs the
+#   base model's RAG answers more than it routes, as kv-retrieval's dev answers show).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
@@ -26,11 +29,19 @@ TRAIN=${TRAIN:-600}
 SEARCH=${SEARCH:-dense}
 STAGES=${STAGES:-dev test}
 ESCALATION=${ESCALATION:-tau}
+SELF_ROUTE=${SELF_ROUTE:-on}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
 SIGNALS='samples = 5
 probe_layers = [6, 12, 18, 23]'
 mkdir -p "$OUT"
-if [ "$SEARCH" = dense ]; then
+if [ "$SELF_ROUTE" = off ]; then
+    TAG=$TOKENS-$SEARCH-nodecline
+    SETTINGS=$OUT/signals-$SEARCH-nodecline.toml
+    # The calibrated file carries self_route itself, so it is not among the SIGNALS the test
+    # settings add back.
+    printf '[routing.monitor]\n%s\nself_route = false\n\n[routing.retrieval]\nsearch = "%s"\n' \
+        "$SIGNALS" "$SEARCH" > "$SETTINGS"
+elif [ "$SEARCH" = dense ]; then
     # Runs from before SEARCH existed keep their names and settings files.
     TAG=$TOKENS
     printf '[routing.monitor]\n%s\n' "$SIGNALS" > "$OUT/signals.toml"

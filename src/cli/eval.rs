@@ -508,6 +508,9 @@ struct CalibratedMonitor {
     window: usize,
     estimator: triage_engine::entropy_monitor::EntropyEstimator,
     unit: triage_engine::entropy_monitor::EntropyUnit,
+    /// Whether the RAG prompt offered Self-Route's decline: τ and the score hold only for
+    /// answers to the prompt they were calibrated on.
+    self_route: bool,
     calibration: Calibration,
 }
 
@@ -522,7 +525,7 @@ pub enum Escalation {
 pub fn calibrated_toml(
     escalation: Escalation,
     calibration: &Calibration,
-    retrieval: &RetrievalSettings,
+    routing: &RoutingConfig,
 ) -> Result<String> {
     let (tau, combined_score) = match escalation {
         Escalation::Tau(tau) => (Some(tau as f32), None),
@@ -530,13 +533,14 @@ pub fn calibrated_toml(
     };
     let file = CalibratedFile {
         routing: CalibratedRouting {
-            retrieval: retrieval.clone(),
+            retrieval: routing.retrieval.clone(),
             monitor: CalibratedMonitor {
                 tau,
                 combined_score,
                 window: calibration.window,
                 estimator: calibration.estimator,
                 unit: calibration.unit,
+                self_route: routing.monitor.self_route,
                 calibration: calibration.clone(),
             },
         },
@@ -583,10 +587,10 @@ pub fn calibrate(
     let mut run_config = config.clone();
     run_config.systems = vec![System::Rag, System::Lc];
     let done = run(&run_config)?;
-    let retrieval = &config.config.routing.retrieval;
+    let routing = &config.config.routing;
     let calibrated = if combined_fit.is_empty() {
         let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
-        let text = calibrated_toml(Escalation::Tau(chosen.tau), &calibration, retrieval)?;
+        let text = calibrated_toml(Escalation::Tau(chosen.tau), &calibration, routing)?;
         std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
         Calibrated {
             chosen,
@@ -594,7 +598,7 @@ pub fn calibrate(
             combined: None,
         }
     } else {
-        calibrate_combined(&done.rows, out, rule, combined_fit, retrieval)?
+        calibrate_combined(&done.rows, out, rule, combined_fit, routing)?
     };
     Ok(calibrated)
 }
@@ -606,7 +610,7 @@ fn calibrate_combined(
     out: &Path,
     rule: Rule,
     fit_dirs: &[PathBuf],
-    retrieval: &RetrievalSettings,
+    routing: &RoutingConfig,
 ) -> Result<Calibrated> {
     let mut fit_rows = Vec::new();
     for dir in fit_dirs {
@@ -627,11 +631,7 @@ fn calibrate_combined(
     let path = std::path::absolute(out.with_extension("combined.json"))
         .with_context(|| format!("resolving {}", out.display()))?;
     let sha256 = score.save(&path)?;
-    let text = calibrated_toml(
-        Escalation::Combined(path.clone()),
-        &c.calibration,
-        retrieval,
-    )?;
+    let text = calibrated_toml(Escalation::Combined(path.clone()), &c.calibration, routing)?;
     std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok(Calibrated {
         chosen: c.chosen,
@@ -728,11 +728,16 @@ mod tests {
             k: 6,
             ..RetrievalSettings::default()
         };
-        let text = calibrated_toml(Escalation::Tau(0.85), &calibration, &retrieval).unwrap();
+        let mut routing = RoutingConfig::default();
+        routing.retrieval = retrieval.clone();
+        routing.monitor.self_route = false;
+        let text = calibrated_toml(Escalation::Tau(0.85), &calibration, &routing).unwrap();
         let config = TriageConfig::from_toml_str(&text).unwrap();
         assert_eq!(config.routing.monitor.tau, 0.85);
-        // τ holds for the retrieval its RAG answers came from, so the file carries it.
+        // τ holds for the retrieval and the RAG prompt its answers came from, so the file
+        // carries both.
         assert_eq!(config.routing.retrieval, retrieval);
+        assert!(!config.routing.monitor.self_route);
         assert_eq!(
             config.routing.monitor.calibration.as_ref(),
             Some(&calibration)
@@ -752,7 +757,7 @@ mod tests {
         // A calibrated combined score: the file names it and leaves τ at the default.
         let path = PathBuf::from("/runs/squad-v2-calibrated.combined.json");
         let text =
-            calibrated_toml(Escalation::Combined(path.clone()), &calibration, &retrieval).unwrap();
+            calibrated_toml(Escalation::Combined(path.clone()), &calibration, &routing).unwrap();
         let config = TriageConfig::from_toml_str(&text).unwrap();
         assert_eq!(config.routing.monitor.combined_score, Some(path));
         assert_eq!(
