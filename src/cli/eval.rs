@@ -728,8 +728,10 @@ mod tests {
             k: 6,
             ..RetrievalSettings::default()
         };
-        let mut routing = RoutingConfig::default();
-        routing.retrieval = retrieval.clone();
+        let mut routing = RoutingConfig {
+            retrieval: retrieval.clone(),
+            ..RoutingConfig::default()
+        };
         routing.monitor.self_route = false;
         let text = calibrated_toml(Escalation::Tau(0.85), &calibration, &routing).unwrap();
         let config = TriageConfig::from_toml_str(&text).unwrap();
