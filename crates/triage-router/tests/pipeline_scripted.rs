@@ -560,11 +560,28 @@ fn a_per_request_tau_overrides_the_config() {
     assert_eq!(out.answer.decision.monitor.unwrap().tau.tau, 5.0);
 }
 
+/// Whether the monitor flagged the RAG answer as a decline.
+fn declined(out: &Outcome) -> bool {
+    out.answer
+        .decision
+        .monitor
+        .as_ref()
+        .unwrap()
+        .signals
+        .declined
+}
+
+/// A generator whose RAG answer is a sure decline.
+fn declining(f: &Fixture) -> Scripted {
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    g
+}
+
 #[test]
 fn a_declined_answer_escalates_even_when_sure() {
     let f = fixture();
-    let mut g = Scripted::new(f.model.clone());
-    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    let mut g = declining(&f);
     let out = ask(
         &f,
         &mut g,
@@ -574,15 +591,7 @@ fn a_declined_answer_escalates_even_when_sure() {
     )
     .unwrap();
     assert_eq!(out.answer.decision.path, RoutePath::Lc);
-    assert!(
-        out.answer
-            .decision
-            .monitor
-            .as_ref()
-            .unwrap()
-            .signals
-            .declined
-    );
+    assert!(declined(&out));
     assert!(g.rag_prompts[0].contains("reply exactly: unanswerable"));
     assert!(out.answer.decision.reason.contains("insufficient"));
 }
@@ -591,8 +600,7 @@ fn a_declined_answer_escalates_even_when_sure() {
 fn with_abstention_long_context_may_decline_and_a_rag_decline_is_final_only_without_it() {
     let f = fixture();
     let q = "Who wrote the tide tables?";
-    let mut g = Scripted::new(f.model.clone());
-    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    let mut g = declining(&f);
     g.lc = vec![("unanswerable", 0.01)];
     let mut c = config();
     c.abstain = true;
@@ -629,8 +637,7 @@ fn with_abstention_long_context_may_decline_and_a_rag_decline_is_final_only_with
 fn forced_rag_asks_the_routed_prompt_and_flags_its_decline() {
     let f = fixture();
     let q = "Who wrote the tide tables?";
-    let mut g = Scripted::new(f.model.clone());
-    g.rag = vec![("Unanswerable", 0.01), (".", 0.01)];
+    let mut g = declining(&f);
     let mut c = config();
     c.monitor.self_route = true;
     c.abstain = false;
@@ -641,8 +648,7 @@ fn forced_rag_asks_the_routed_prompt_and_flags_its_decline() {
         (out.answer.decision.path, out.answer.text.as_str()),
         (RoutePath::Rag, "Unanswerable.")
     );
-    let monitor = out.answer.decision.monitor.as_ref().unwrap();
-    assert!(monitor.signals.declined);
+    assert!(declined(&out));
     // Auto's first stage asks word for word what forced RAG asked (calibration replays the
     // forced answers as auto's), and there the decline escalates.
     let out = ask(&f, &mut g, c.clone(), question(q), true).unwrap();
@@ -653,15 +659,7 @@ fn forced_rag_asks_the_routed_prompt_and_flags_its_decline() {
     c.monitor.self_route = false;
     let out = ask(&f, &mut g, c, forced, true).unwrap();
     assert!(!g.rag_prompts[2].contains("unanswerable"));
-    assert!(
-        !out.answer
-            .decision
-            .monitor
-            .as_ref()
-            .unwrap()
-            .signals
-            .declined
-    );
+    assert!(!declined(&out));
 }
 
 #[test]
