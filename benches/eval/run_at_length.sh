@@ -8,8 +8,10 @@
 #   TRIAGE_BIN (default target/release/triage), OUT (default ~/.cache/triage/eval16k),
 #   TOKENS (default 16384), DEV / TEST (question counts, default 100 / 300),
 #   SEARCH (default dense; hybrid: dense + BM25 on every RAG answer, calibrated and tested as
-#   such, in runs named SUITE-TOKENS-hybrid-...), STAGES (default "dev test"; "dev" calibrates
-#   every suite first and leaves the test splits for a later run; "signals" is the combined
+#   such, in runs named SUITE-TOKENS-hybrid-...), STAGES (default "dev test"; "fit" first asks
+#   forced RAG the TRAIN dev questions the combined score is fitted on, the signals stage's dev
+#   half; "dev" calibrates every suite first and leaves the test splits for a later run;
+#   "signals" is the combined
 #   score's own study: forced RAG alone, which never prefills a corpus on the long-context model,
 #   on TRAIN dev questions (default 600) and on the TEST questions, then `triage signals` fitted
 #   on the first and scored on the second, into SUITE-TAG-signals.md),
@@ -52,6 +54,15 @@ else
     printf '[routing.monitor]\n%s\n\n[routing.retrieval]\nsearch = "%s"\n' "$SIGNALS" "$SEARCH" \
         > "$SETTINGS"
 fi
+# The forced-RAG dev answers a combined score is fitted on (the signals stage's first half).
+fit_answers() {
+    echo "== $1: forced RAG on $TRAIN dev questions, $(date -u +%FT%TZ)"
+    "$BIN" eval --suite "$1" --context-tokens "$TOKENS" --limit "$TRAIN" --split dev --quiet \
+        --systems rag --config "$SETTINGS" --out "$OUT/$1-$TAG-dev-rag"
+}
+for suite in $SUITES; do
+    case " $STAGES " in *" fit "*) fit_answers "$suite" ;; esac
+done
 # The dev rag and lc answers are the same whatever decides; the frozen point is not.
 POINT=$TAG
 [ "$ESCALATION" = combined ] && POINT=$TAG-combined
@@ -78,13 +89,10 @@ for suite in $SUITES; do
 done
 for suite in $SUITES; do
     case " $STAGES " in *" signals "*) ;; *) continue ;; esac
-    for split in dev test; do
-        limit=$TEST
-        [ "$split" = dev ] && limit=$TRAIN
-        echo "== $suite: forced RAG on $limit $split questions, $(date -u +%FT%TZ)"
-        "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$limit" --split "$split" \
-            --quiet --systems rag --config "$SETTINGS" --out "$OUT/$suite-$TAG-$split-rag"
-    done
+    fit_answers "$suite"
+    echo "== $suite: forced RAG on $TEST test questions, $(date -u +%FT%TZ)"
+    "$BIN" eval --suite "$suite" --context-tokens "$TOKENS" --limit "$TEST" --split test \
+        --quiet --systems rag --config "$SETTINGS" --out "$OUT/$suite-$TAG-test-rag"
     "$BIN" signals --train "$OUT/$suite-$TAG-dev-rag" --test "$OUT/$suite-$TAG-test-rag" \
         > "$OUT/$suite-$TAG-signals.md"
     echo "== $suite: signals done, $(date -u +%FT%TZ)"
