@@ -651,24 +651,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_resumes_only_under_its_own_settings_and_forced_rag_prompt() {
-        let dir = tempfile::tempdir().unwrap();
-        let mine = serde_json::json!({"suite": "hotpotqa", "forced_rag_prompt": "as routed"});
-        check_manifest(dir.path(), &mine).unwrap();
-        check_manifest(dir.path(), &mine).unwrap();
-        let other = serde_json::json!({"suite": "squad-v2", "forced_rag_prompt": "as routed"});
-        let err = check_manifest(dir.path(), &other).unwrap_err().to_string();
-        assert!(err.contains("suite"), "{err}");
-        // A run from before forced RAG asked the routing's prompt is not resumed into.
-        let before = tempfile::tempdir().unwrap();
-        std::fs::write(before.path().join("run.json"), r#"{"suite": "hotpotqa"}"#).unwrap();
-        let err = check_manifest(before.path(), &mine)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("forced_rag_prompt: nothing"), "{err}");
-    }
-
-    #[test]
     fn systems_parse_and_each_baseline_has_its_settings() {
         assert_eq!(
             parse_systems("rag, lc,rag,oracle").unwrap(),

@@ -97,6 +97,14 @@ fn a_run_answers_every_query_with_every_system_and_resumes_after_an_interruption
     other.config.routing.monitor.tau = 0.1;
     let err = eval::run(&other).unwrap_err().to_string();
     assert!(err.contains("routing:"), "{err}");
+    // A run from before forced RAG asked the routing's own prompt is not resumed into: its
+    // forced answers were asked another prompt.
+    let mut older: serde_json::Value = serde_json::from_str(&recorded).unwrap();
+    let keys = older.as_object_mut().unwrap();
+    assert_eq!(keys.remove("forced_rag_prompt"), Some("as routed".into()));
+    std::fs::write(&manifest, older.to_string()).unwrap();
+    let err = eval::run(&config).unwrap_err().to_string();
+    assert!(err.contains("forced_rag_prompt: nothing"), "{err}");
 }
 
 #[test]
