@@ -52,18 +52,38 @@ impl CombinedScore {
         freeze(&self.model, path)
     }
 
-    /// Refuses a model fitted on other inputs than this build computes (an older file, from
-    /// before the grounding features): its weights would be read against the wrong signals.
+    /// Reads a frozen model. One fitted on a prefix of the inputs this build computes (a file
+    /// from before the later inputs existed) scores exactly as it was fitted: the inputs it never
+    /// saw get weight zero. One fitted on other inputs is refused: its weights would be read
+    /// against the wrong signals.
     pub fn load(path: &Path) -> Result<Self> {
-        let model: CombinedScoreModel = thaw(path)?;
-        if model.inputs != INPUTS {
+        let mut model: CombinedScoreModel = thaw(path)?;
+        let known = model.inputs.len();
+        let fitted = &model.logistic;
+        let consistent = fitted.weights.len() == known
+            && [
+                &fitted.standardizer.medians,
+                &fitted.standardizer.means,
+                &fitted.standardizer.stds,
+            ]
+            .iter()
+            .all(|v| v.len() == known);
+        if known > INPUTS.len() || model.inputs[..] != INPUTS[..known] || !consistent {
             return Err(RouterError::Invalid(format!(
                 "{} was fitted on the inputs [{}]; this build computes [{}]: refit it with \
-                 `triage bench route --save-combined`",
+                 `triage calibrate --combined-fit` or `triage bench route --save-combined`",
                 path.display(),
                 model.inputs.join(", "),
                 INPUTS.join(", ")
             )));
+        }
+        let logistic = &mut model.logistic;
+        for name in &INPUTS[known..] {
+            model.inputs.push(name.to_string());
+            logistic.weights.push(0.0);
+            logistic.standardizer.medians.push(0.0);
+            logistic.standardizer.means.push(0.0);
+            logistic.standardizer.stds.push(1.0);
         }
         Ok(Self { model })
     }
@@ -74,20 +94,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_model_fitted_on_other_inputs_is_refused() {
-        let rows: Vec<Vec<f32>> = (0..20)
-            .map(|i| (0..INPUTS.len()).map(|j| (i * j % 7) as f32).collect())
+    fn an_older_file_scores_as_fitted_and_one_on_other_inputs_is_refused() {
+        let rows: Vec<Vec<f32>> = (0..40)
+            .map(|i| {
+                (0..INPUTS.len())
+                    .map(|j| ((i * (j + 3)) % 11) as f32 - 5.0)
+                    .collect()
+            })
             .collect();
-        let wrong: Vec<bool> = (0..20).map(|i| i % 3 == 0).collect();
-        let fitted = CombinedScore::fit("m", &rows, &wrong, 0.5).unwrap();
+        let wrong: Vec<bool> = (0..40).map(|i| (i * 7) % 5 < 2).collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("combined.json");
+        let fitted = CombinedScore::fit("m", &rows, &wrong, 0.5).unwrap();
         fitted.save(&path).unwrap();
         assert_eq!(CombinedScore::load(&path).unwrap().model, fitted.model);
-        let mut old = fitted.model.clone();
-        old.inputs.truncate(13);
-        let stale = CombinedScore { model: old };
-        stale.save(&path).unwrap();
+
+        // A file fitted before the last inputs existed: the same P(wrong) on a full row as its
+        // own model gives on the inputs it knew, and a NaN in the new inputs changes nothing.
+        let known = INPUTS.len() - 2;
+        let old_rows: Vec<Vec<f32>> = rows.iter().map(|r| r[..known].to_vec()).collect();
+        let old = CombinedScoreModel {
+            model_id: "m".into(),
+            inputs: INPUTS[..known].iter().map(|s| s.to_string()).collect(),
+            logistic: LogisticModel::fit(&old_rows, &wrong, COMBINED_L2).unwrap(),
+            threshold: 0.5,
+        };
+        CombinedScore { model: old.clone() }.save(&path).unwrap();
+        let loaded = CombinedScore::load(&path).unwrap();
+        assert_eq!(loaded.model.inputs, INPUTS);
+        for row in &rows[..5] {
+            let expected = old.logistic.predict(&row[..known]).unwrap();
+            assert_eq!(loaded.p_wrong(row).unwrap(), expected);
+            let mut unknown = row.clone();
+            unknown[known..].fill(f32::NAN);
+            assert_eq!(loaded.p_wrong(&unknown).unwrap(), expected);
+        }
+
+        // Inputs renamed or reordered: refused.
+        let mut other = old;
+        other.inputs.swap(0, 1);
+        CombinedScore { model: other }.save(&path).unwrap();
         let err = CombinedScore::load(&path).unwrap_err().to_string();
         assert!(err.contains("refit"), "{err}");
     }
