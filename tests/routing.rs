@@ -2,8 +2,9 @@
 //! prefix and persists it (a restart reads it from disk), every escalation prefills only the
 //! question, an escalation stops the RAG generation at once, and bad overrides are errors. On
 //! the real Qwen2.5-Coder-0.5B over eight SQuAD paragraphs (≈ 1.4k tokens, `tests/fixtures/
-//! squad-normans`): a question answered from the retrieved chunks stays on RAG, and one whose
-//! answer is in the corpus but not in the retrieved chunks escalates and is answered. A prefix
+//! squad-normans`): a question answered from the retrieved chunks stays on RAG (its self-check
+//! re-reading the cached RAG prompt), and one whose answer is in the corpus but not in the
+//! retrieved chunks escalates and is answered. A prefix
 //! published to an S3 store (moto's server on loopback) is read by a host on another machine.
 
 use std::path::{Path, PathBuf};
@@ -469,7 +470,8 @@ fn normans() -> Setup {
 
 #[test]
 fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
-    let setup = normans();
+    let mut setup = normans();
+    setup.config.routing.monitor.self_check = true;
     let engine = setup.engine();
     let info = engine.load_corpus("normans").unwrap();
     let prefix = info.prefix_tokens.unwrap();
@@ -498,6 +500,20 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
         .stages
         .iter()
         .all(|s| s.stage.as_str() != "lc"));
+    // The self-check re-reads the RAG prompt from the cache: it computes only the answer, its
+    // question and one step, and records a finite log p(yes) − log p(no).
+    let check = kept
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage.as_str() == "self_check")
+        .expect("the RAG answer was self-checked");
+    assert!(
+        check.prompt_tokens < 60 && check.completion_tokens == 1,
+        "{check:?}"
+    );
+    let signals = kept.decision.monitor.as_ref().unwrap().signals;
+    assert!(signals.self_check.is_finite(), "{signals:?}");
 
     let missed = "What part of France were the Normans located?";
     let escalated = engine

@@ -20,7 +20,9 @@
 #   frozen on the dev rag and lc answers, in files and runs named SUITE-TAG-combined-...),
 #   SELF_ROUTE (default on; off: the RAG prompt, forced or routed, offers no "unanswerable",
 #   in runs named SUITE-TOKENS-SEARCH-nodecline-...; for suites where the offer costs the
-#   base model's RAG answers more than it routes, as kv-retrieval's dev answers show).
+#   base model's RAG answers more than it routes, as kv-retrieval's dev answers show),
+#   SELF_CHECK (default off; on: every RAG answer is also self-checked, a signal of the
+#   combined score, in runs and files named SUITE-TAG-selfcheck-...).
 set -euo pipefail
 BIN=${TRIAGE_BIN:-target/release/triage}
 OUT=${OUT:-$HOME/.cache/triage/eval16k}
@@ -32,6 +34,7 @@ SEARCH=${SEARCH:-dense}
 STAGES=${STAGES:-dev test}
 ESCALATION=${ESCALATION:-tau}
 SELF_ROUTE=${SELF_ROUTE:-on}
+SELF_CHECK=${SELF_CHECK:-off}
 SUITES=${*:-kv-retrieval squad-v2 hotpotqa}
 SIGNALS='samples = 5
 probe_layers = [6, 12, 18, 23]'
@@ -53,6 +56,16 @@ else
     SETTINGS=$OUT/signals-$SEARCH.toml
     printf '[routing.monitor]\n%s\n\n[routing.retrieval]\nsearch = "%s"\n' "$SIGNALS" "$SEARCH" \
         > "$SETTINGS"
+fi
+if [ "$SELF_CHECK" = on ]; then
+    TAG=$TAG-selfcheck
+    WITHOUT=$SETTINGS
+    SETTINGS=${SETTINGS%.toml}-selfcheck.toml
+    sed 's/^\[routing\.monitor\]$/[routing.monitor]\nself_check = true/' "$WITHOUT" \
+        > "$SETTINGS"
+    # The test runs' settings get it back with the other signals.
+    SIGNALS="$SIGNALS
+self_check = true"
 fi
 # The forced-RAG dev answers a combined score is fitted on (the signals stage's first half).
 fit_answers() {

@@ -13,6 +13,7 @@ pub mod relevance;
 pub mod sampler;
 pub mod stop;
 pub mod weights_hash;
+pub mod yes_no;
 
 pub use engine_set::EngineSet;
 pub use error::{EngineError, Result};

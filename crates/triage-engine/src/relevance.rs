@@ -1,15 +1,13 @@
 //! LLM relevance scores for reranking: the base model reads a passage and a question and is
-//! asked whether the passage alone answers it; the score is log p("yes") − log p("no") at its
-//! first answer token (equal to the logit difference), with the capitalised and lower-case
-//! spellings pooled.
-//! All passages run as one batch through the engine.
+//! asked whether the passage alone answers it, a `YesNoJudge` question (log p("yes") −
+//! log p("no")). All passages run as one batch through the engine.
 
 use triage_models::chat_template::ChatMessage;
 use triage_models::tokenizer::TextTokenizer;
 
-use crate::generate::{EntropySettings, GenerateRequest, Prompt, TokenOutput};
+use crate::generate::{GenerateRequest, Prompt, TokenOutput};
 use crate::llm_engine::{LlmEngine, StreamEvent};
-use crate::sampler::SamplingParams;
+use crate::yes_no::YesNoJudge;
 use crate::{EngineError, Result};
 
 /// The judge's prompt: passage first, question last, "answered from the passage alone". Chosen
@@ -26,78 +24,32 @@ fn judgement(question: &str, passage: &str) -> String {
     )
 }
 
-/// Token ids of the single-token spellings of `words` (multi-token spellings are skipped).
-fn single_tokens(tokenizer: &TextTokenizer, words: &[&str]) -> Result<Vec<u32>> {
-    let mut ids = Vec::new();
-    for w in words {
-        let t = tokenizer.encode(w, false, false)?;
-        if t.len() == 1 && !ids.contains(&t[0]) {
-            ids.push(t[0]);
-        }
-    }
-    Ok(ids)
-}
-
-fn log_sum_exp(values: impl Iterator<Item = f32>) -> f32 {
-    let v: Vec<f32> = values.collect();
-    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return max;
-    }
-    max + v.iter().map(|x| (x - max).exp()).sum::<f32>().ln()
-}
-
-/// The yes and no answer tokens of one model, and the judge requests built with them.
+/// The relevance judge: the yes/no judge asked the relevance question.
 #[derive(Debug, Clone)]
 pub struct RelevanceJudge {
-    yes: Vec<u32>,
-    no: Vec<u32>,
+    judge: YesNoJudge,
 }
 
 impl RelevanceJudge {
     /// The judge for a model whose tokenizer is `tokenizer`; an error when its vocabulary has no
     /// single-token yes or no.
     pub fn new(tokenizer: &TextTokenizer) -> Result<Self> {
-        let yes = single_tokens(tokenizer, &["yes", "Yes", " yes", " Yes"])?;
-        let no = single_tokens(tokenizer, &["no", "No", " no", " No"])?;
-        if yes.is_empty() || no.is_empty() {
-            return Err(EngineError::Invalid(
-                "the model's vocabulary has no single-token yes/no".into(),
-            ));
-        }
-        Ok(Self { yes, no })
+        Ok(Self {
+            judge: YesNoJudge::new(tokenizer)?,
+        })
     }
 
     /// One judgement: a single greedy step that reports the logprobs of the yes/no tokens.
     pub fn request(&self, question: &str, passage: &str) -> GenerateRequest {
-        GenerateRequest {
-            prompt: Prompt::Chat(vec![
-                ChatMessage::new("system", SYSTEM),
-                ChatMessage::new("user", judgement(question, passage)),
-            ]),
-            params: SamplingParams {
-                temperature: 0.0,
-                max_tokens: Some(1),
-                ignore_eos: true,
-                score_token_ids: self.yes.iter().chain(&self.no).copied().collect(),
-                ..SamplingParams::default()
-            },
-            entropy: EntropySettings::default(),
-        }
+        self.judge.request(Prompt::Chat(vec![
+            ChatMessage::new("system", SYSTEM),
+            ChatMessage::new("user", judgement(question, passage)),
+        ]))
     }
 
     /// The score of a judgement's first token: log p(yes) − log p(no).
     pub fn score(&self, token: &TokenOutput) -> f32 {
-        let lp = |ids: &[u32]| {
-            log_sum_exp(
-                token
-                    .scored_logprobs
-                    .iter()
-                    .filter(|(id, _)| ids.contains(id))
-                    .map(|(_, lp)| *lp),
-            )
-        };
-        lp(&self.yes) - lp(&self.no)
+        self.judge.score(token)
     }
 }
 

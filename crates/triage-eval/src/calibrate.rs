@@ -490,6 +490,7 @@ pub(crate) mod tests {
                 min_token_prob: nan,
                 span_max_entropy: nan,
                 sample_agreement: nan,
+                self_check: nan,
             },
             grounding: None,
             probe: None,

@@ -54,7 +54,7 @@ pub fn labelled<'a>(rows: impl IntoIterator<Item = &'a ResultRow>) -> Vec<Labell
                 decode_tokens: r
                     .stages
                     .iter()
-                    .filter(|s| s.stage == "rag" || s.stage == "samples")
+                    .filter(|s| matches!(s.stage.as_str(), "rag" | "samples" | "self_check"))
                     .map(|s| s.completion)
                     .sum(),
             })
@@ -63,12 +63,13 @@ pub fn labelled<'a>(rows: impl IntoIterator<Item = &'a ResultRow>) -> Vec<Labell
 }
 
 /// Groups of inputs (indices into `COMBINED_INPUTS`) left out together in the ablations.
-pub const GROUPS: [(&str, &[usize]); 5] = [
+pub const GROUPS: [(&str, &[usize]); 6] = [
     ("token uncertainty", &[0, 1, 2, 3, 4, 6, 13, 14]),
     ("self-route decline", &[5]),
     ("retrieval features", &[7, 8, 9, 10, 11, 12]),
     ("grounding", &[15, 16, 17, 18, 19, 21]),
     ("sample agreement", &[20]),
+    ("self-check", &[22]),
 ];
 
 /// An AUROC with what it is of.

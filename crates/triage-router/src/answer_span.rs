@@ -245,6 +245,7 @@ impl FromTokens for AnswerSignals {
             span_max_entropy: span.iter().copied().fold(f32::NAN, f32::max),
             // Drawn by the caller, which knows the prompt.
             sample_agreement: f32::NAN,
+            self_check: f32::NAN,
         }
     }
 }

@@ -133,6 +133,10 @@ pub struct MonitorSettings {
     /// Tokens per sample.
     pub sample_tokens: usize,
     pub sample_temperature: f32,
+    /// After the greedy answer, ask the base model (its RAG prompt cached) whether the context
+    /// bears that answer out, and record log p(yes) − log p(no) as a signal (a decline is not
+    /// checked). Its tokens (the answer, the question, one step) are charged to the route.
+    pub self_check: bool,
     /// Layers (0-based) of the base model whose residual stream the RAG answer records for a
     /// hidden-state probe (`ProbeStates`); empty records none.
     pub probe_layers: Vec<usize>,
@@ -159,6 +163,7 @@ impl Default for MonitorSettings {
             samples: 0,
             sample_tokens: 16,
             sample_temperature: 0.7,
+            self_check: false,
             probe_layers: Vec::new(),
             probe_steps: 4,
             probe: None,

@@ -934,6 +934,13 @@ fn bad_requests_and_configs_are_errors() {
     c.retrieval.gain_policy = Some(f.dir.path().join("missing.json"));
     assert!(Pipeline::new(c).is_err());
     assert!("sideways".parse::<Route>().is_err());
+    // The self-check reads single-token yes/no answers; the tiny byte vocabulary has none: a
+    // clear error, not a guess.
+    let mut c = config();
+    c.monitor.self_check = true;
+    let asked = question("What is the capital of France?");
+    let err = ask(&f, &mut g, c, asked, true).err().unwrap();
+    assert!(err.to_string().contains("yes/no"), "{err}");
 }
 
 #[test]

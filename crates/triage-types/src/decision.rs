@@ -136,6 +136,8 @@ pub enum Stage {
     Rag,
     /// Short samples of the RAG answer, for their agreement with it.
     Samples,
+    /// The base model asked whether the context bears its RAG answer out.
+    SelfCheck,
     Lc,
 }
 
@@ -148,6 +150,7 @@ impl Stage {
             Self::Retrieve => "retrieve",
             Self::Rag => "rag",
             Self::Samples => "samples",
+            Self::SelfCheck => "self_check",
             Self::Lc => "lc",
         }
     }
@@ -356,6 +359,7 @@ mod tests {
                 min_token_prob: f32::NAN,
                 span_max_entropy: f32::NAN,
                 sample_agreement: f32::NAN,
+                self_check: f32::NAN,
             },
             grounding: None,
             probe: None,

@@ -95,6 +95,15 @@ pub struct AnswerSignals {
         skip_serializing_if = "is_nan_f32"
     )]
     pub sample_agreement: f32,
+    /// log p("yes") − log p("no") when the base model, shown its own answer after the RAG
+    /// prompt, is asked whether the context bears it out (P(True)'s idea; NaN when not asked,
+    /// and for a decline).
+    #[serde(
+        default = "nan_f32",
+        deserialize_with = "or_nan",
+        skip_serializing_if = "is_nan_f32"
+    )]
+    pub self_check: f32,
 }
 
 /// How the RAG answer stands on the chunks it was given: grounding features, each a candidate
@@ -198,7 +207,7 @@ pub const COMBINED_L2: f64 = 1e-2;
 
 /// The combined escalation score's inputs, in order; each oriented so that larger means more
 /// likely wrong where the sign is known.
-pub const COMBINED_INPUTS: [&str; 22] = [
+pub const COMBINED_INPUTS: [&str; 23] = [
     "mean_entropy",
     "span_mean_entropy",
     "max_entropy",
@@ -221,6 +230,7 @@ pub const COMBINED_INPUTS: [&str; 22] = [
     "unsupported_words",
     "sample_disagreement",
     "question_unsupported",
+    "neg_self_check",
 ];
 
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
@@ -258,6 +268,7 @@ pub fn combined_inputs(
         g.unsupported_words,
         1.0 - signals.sample_agreement,
         1.0 - g.question_support,
+        -signals.self_check,
     ]);
     row
 }

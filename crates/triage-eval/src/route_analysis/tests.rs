@@ -14,6 +14,7 @@ fn signals(mean_entropy: f32, declined: bool) -> AnswerSignals {
         min_token_prob: 0.5,
         span_max_entropy: 2.0,
         sample_agreement: f32::NAN,
+        self_check: f32::NAN,
     }
 }
 

@@ -9,6 +9,10 @@ pub(super) const RAG_SYSTEM: &str =
     "Answer the question using only the context. Reply with the answer \
 only, in a few words.";
 
+/// The self-check's question, asked after the RAG answer in the same chat.
+pub(super) const SELF_CHECK: &str =
+    "Is your answer correct according to the context? Reply yes or no.";
+
 /// The decline instructions of the RAG and the long-context prompts.
 const RAG_DECLINE: &str = "If the context does not contain the answer, reply exactly:";
 pub(super) const LC_DECLINE: &str = "If the documents do not contain the answer, reply exactly:";

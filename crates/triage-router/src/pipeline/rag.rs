@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use triage_engine::entropy_monitor::{Decision, EntropyMonitor};
 use triage_engine::generate::{FinishReason, GenerateRequest, Prompt};
+use triage_engine::yes_no::YesNoJudge;
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Hit;
 
@@ -12,7 +13,7 @@ use super::escalation::{
     decide, CombinedVerdict, EscalationSignals, Fallback, ProbeVerdict, Verdict,
 };
 use super::hold_back::{HoldBack, Release};
-use super::prompts::{declines, rag_user, RAG_SYSTEM};
+use super::prompts::{declines, rag_user, RAG_SYSTEM, SELF_CHECK};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
 use crate::answer_span::{
     answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
@@ -30,6 +31,14 @@ pub(super) struct RagOutcome {
     pub generated: Generated,
     /// Whether the answer stands (on the RAG path) or escalates (to `lc`), and why.
     pub verdict: Verdict,
+}
+
+/// What was asked of the base model after its answer: the samples' agreement with it, and its
+/// self-check (both NaN when not configured or not asked), and the probe's verdict.
+struct FollowUps {
+    agreement: f32,
+    self_check: f32,
+    probe: Option<ProbeVerdict>,
 }
 
 /// The judgement of a finished answer, with the signals the record keeps.
@@ -73,16 +82,29 @@ impl Run<'_, '_> {
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
         let (generated, hold, probed) =
             self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
-        // An answer the probe already escalated needs no samples.
-        let agreement = if probed.is_some_and(|p| p.escalates()) && can_escalate {
-            f32::NAN
+        // An answer the probe already escalated needs no samples and no self-check.
+        let follow_ups = if probed.is_some_and(|p| p.escalates()) && can_escalate {
+            FollowUps {
+                agreement: f32::NAN,
+                self_check: f32::NAN,
+                probe: probed,
+            }
         } else {
-            self.sample_agreement(&request, &generated)?
+            FollowUps {
+                agreement: self.sample_agreement(&request, &generated)?,
+                // A decline claims nothing the context could bear out: it is not checked.
+                self_check: if offers_decline && declines(&generated.text) {
+                    f32::NAN
+                } else {
+                    self.self_check(&request, &generated)?
+                },
+                probe: probed,
+            }
         };
         let judged = self.judge(
             &generated,
             &hits,
-            (agreement, probed),
+            follow_ups,
             &mut span,
             tau,
             offers_decline,
@@ -285,13 +307,55 @@ impl Run<'_, '_> {
         ))
     }
 
+    /// Asks the base model, its RAG prompt cached, whether the context bears out the answer it
+    /// just gave; records the stage and returns log p(yes) − log p(no), NaN when not configured.
+    fn self_check(&mut self, request: &GenerateRequest, answer: &Generated) -> Result<f32> {
+        if !self.config().monitor.self_check {
+            return Ok(f32::NAN);
+        }
+        let Prompt::Chat(messages) = &request.prompt else {
+            return Err(RouterError::Invalid("the RAG prompt is not a chat".into()));
+        };
+        let started = Instant::now();
+        let judge = YesNoJudge::new(&self.generator.model(ModelRole::Base)?.tokenizer)?;
+        let mut messages = messages.clone();
+        messages.push(ChatMessage::new("assistant", answer.text.trim()));
+        messages.push(ChatMessage::new("user", SELF_CHECK));
+        let checked = self
+            .generator
+            .generate(
+                ModelRole::Base,
+                &[judge.request(Prompt::Chat(messages))],
+                &mut |_, _, _| true,
+            )?
+            .into_iter()
+            .next()
+            .ok_or_else(|| RouterError::Invalid("the self-check produced no answer".into()))?;
+        // Like the samples, charged are the tokens it computes: the answer, the question and
+        // one step, not the cached RAG prompt again.
+        let (prompt, cached, completion) = usage_of(&checked);
+        let prices = self.config().prices;
+        self.record.add_stage(
+            Stage::SelfCheck,
+            Some(ModelRole::Base),
+            (prompt.saturating_sub(cached), 0, completion),
+            ms(started),
+            &prices,
+        );
+        checked
+            .tokens
+            .first()
+            .map(|t| judge.score(t))
+            .ok_or_else(|| RouterError::Invalid("the self-check produced no token".into()))
+    }
+
     /// The finished answer's signals and the escalation decision on them.
     #[allow(clippy::too_many_arguments)]
     fn judge(
         &self,
         generated: &Generated,
         hits: &[Hit],
-        (sample_agreement, probe): (f32, Option<ProbeVerdict>),
+        follow_ups: FollowUps,
         span: &mut SpanMonitor,
         tau: f32,
         offers_decline: bool,
@@ -301,8 +365,10 @@ impl Run<'_, '_> {
         let settings = &self.config().monitor;
         let monitor = span.finish();
         let declined = offers_decline && declines(&generated.text);
+        let probe = follow_ups.probe;
         let signals = AnswerSignals {
-            sample_agreement,
+            sample_agreement: follow_ups.agreement,
+            self_check: follow_ups.self_check,
             ..AnswerSignals::from_tokens(
                 &generated.tokens,
                 &settings.preambles,
