@@ -12,7 +12,6 @@ use triage_types::signals::{combined_inputs, COMBINED_INPUTS, COMBINED_L2};
 use triage_types::{ProbeStates, UNANSWERABLE};
 
 use crate::results::ResultRow;
-use crate::route_analysis::finite_or_lowest;
 use crate::scoring::abstains;
 use crate::system::System;
 
@@ -131,11 +130,18 @@ pub struct ProbeRouting {
 /// The study of `test` with combined scores fitted on `train` (never on `test`).
 pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
     let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
+    // Each input alone over the answers that have it: a missing value says nothing of the
+    // signal (a decline is never self-checked), and ranking it lowest would credit the signal
+    // with what the missing values' answers have in common.
     let each = COMBINED_INPUTS
         .iter()
         .enumerate()
         .map(|(j, name)| {
-            let scores: Vec<f64> = test.iter().map(|l| finite_or_lowest(l.inputs[j])).collect();
+            let (scores, labels): (Vec<f64>, Vec<bool>) = test
+                .iter()
+                .filter(|l| l.inputs[j].is_finite())
+                .map(|l| (f64::from(l.inputs[j]), l.wrong))
+                .unzip();
             Named {
                 name: name.to_string(),
                 auroc: auroc(&scores, &labels),
@@ -431,7 +437,7 @@ pub fn markdown(s: &Study) -> String {
         auroc_text(s.combined)
     );
     for (header, rows) in [
-        ("signal alone", &s.each),
+        ("signal alone (over the answers that have it)", &s.each),
         ("combined score", &s.without),
         ("combined score, by kind of answer", &s.by_kind),
         ("hidden-state probe (mass-mean)", &s.probes),
@@ -539,6 +545,27 @@ mod tests {
         assert_eq!(answered("Unanswerable.", false), 1.0);
         assert_eq!(answered("unanswerable", true), 1.0);
         assert_eq!(answered("Paris", false), 0.0);
+    }
+
+    #[test]
+    fn a_signal_alone_is_judged_over_the_answers_that_have_it() {
+        let train = answers("squad-v2", 120, 1, 1);
+        let mut test = answers("squad-v2", 300, 1, 2);
+        // The self-check is noise where it was asked, and missing (a decline) on half of the
+        // right answers: ranked lowest, the missing values alone would make it look useful.
+        let self_check = COMBINED_INPUTS
+            .iter()
+            .position(|n| *n == "neg_self_check")
+            .unwrap();
+        for (i, l) in test.iter_mut().enumerate() {
+            if !l.wrong && i % 2 == 0 {
+                l.inputs[self_check] = f32::NAN;
+            }
+        }
+        let s = study(&train, &test).unwrap();
+        let alone = s.each.iter().find(|n| n.name == "neg_self_check").unwrap();
+        let auroc = alone.auroc.unwrap();
+        assert!((0.4..0.6).contains(&auroc), "{auroc}");
     }
 
     #[test]
