@@ -163,11 +163,15 @@ pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, FitError> {
         .iter()
         .filter_map(|r| signal_row(&r.rag).map(|s| (r.article, s, !correct(&r.rag, &r.golds))))
         .collect();
-    let labels: Vec<bool> = data.iter().map(|d| d.2).collect();
+    // Each signal over the answers that have it, as `triage signals` judges it.
     let mut out: Vec<SignalAuroc> = SIGNALS
         .iter()
         .map(|&(j, name)| {
-            let scores: Vec<f64> = data.iter().map(|d| finite_or_lowest(d.1[j])).collect();
+            let (scores, labels): (Vec<f64>, Vec<bool>) = data
+                .iter()
+                .filter(|d| d.1[j].is_finite())
+                .map(|d| (f64::from(d.1[j]), d.2))
+                .unzip();
             SignalAuroc {
                 signal: name.to_string(),
                 auroc: auroc(&scores, &labels),
@@ -194,16 +198,6 @@ pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, FitError> {
         auroc: auroc(&declined, &wrong),
     });
     Ok(out)
-}
-
-/// A signal value for ranking: NaN (not measured) ranks lowest.
-pub(crate) fn finite_or_lowest(v: f32) -> f64 {
-    let v = f64::from(v);
-    if v.is_finite() {
-        v
-    } else {
-        f64::NEG_INFINITY
-    }
 }
 
 /// The combined score (logistic regression on every signal and the retrieval features) fitted
