@@ -89,8 +89,8 @@ pub fn run(config: &RouteBenchConfig) -> Result<RouteBench> {
         config.questions,
     )?;
     let mut triage_config = TriageConfig::default();
-    triage_config.set_model(ModelRole::Base, &config.base);
-    triage_config.set_model(ModelRole::LongContext, &config.long_context);
+    triage_config.set_model(ModelRole::Base, &config.base)?;
+    triage_config.set_model(ModelRole::LongContext, &config.long_context)?;
     triage_config.set_kv_budget("4096blocks");
     triage_config.set_device(config.device);
     let tau = config.tau.unwrap_or(triage_config.routing.monitor.tau);

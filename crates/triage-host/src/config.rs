@@ -554,10 +554,10 @@ impl TriageConfig {
             None => Self::default(),
         };
         if let Some(base) = base {
-            config.set_model(ModelRole::Base, base);
+            config.set_model(ModelRole::Base, base)?;
         }
         if let Some(lc) = long_context {
-            config.set_model(ModelRole::LongContext, lc);
+            config.set_model(ModelRole::LongContext, lc)?;
         }
         if let Some(device) = device {
             config.set_device(device);
@@ -574,8 +574,22 @@ impl TriageConfig {
     }
 
     /// Let `name_or_path` play `role`, replacing the entry that played it. A model that already
-    /// has an entry keeps it (one engine), and the role falls back to it.
-    pub fn set_model(&mut self, role: ModelRole, name_or_path: &str) {
+    /// has an entry keeps it (one engine): as the base model it plays every role no other entry
+    /// plays. An entry plays one role, so a model that already plays another role than the base
+    /// cannot take this one too: an error, where falling back to the base model would run
+    /// another model than the one named.
+    pub fn set_model(&mut self, role: ModelRole, name_or_path: &str) -> Result<()> {
+        if let Some(existing) = self.models.iter().find(|m| m.spec() == name_or_path) {
+            let other = existing.role;
+            if role != ModelRole::Base && other != ModelRole::Base && other != role {
+                return Err(config_error(format!(
+                    "{name_or_path:?} already plays the {} role and an entry plays one role: \
+                     name another model for the {} role",
+                    other.as_str(),
+                    role.as_str()
+                )));
+            }
+        }
         let template = self.model(role).cloned();
         let first = self.models.iter().position(|m| m.role == role);
         if let Some(i) = first {
@@ -585,7 +599,7 @@ impl TriageConfig {
             if role == ModelRole::Base {
                 existing.role = ModelRole::Base;
             }
-            return;
+            return Ok(());
         }
         let mut entry = template.unwrap_or_else(|| ModelEntry::named("", role, "1GiB"));
         entry.name = name_or_path.to_string();
@@ -593,6 +607,7 @@ impl TriageConfig {
         entry.role = role;
         let at = first.unwrap_or(self.models.len()).min(self.models.len());
         self.models.insert(at, entry);
+        Ok(())
     }
 
     /// Give every model the KV-cache budget `budget`.

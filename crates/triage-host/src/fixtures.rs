@@ -25,8 +25,8 @@ pub fn tiny_config(dir: &Path) -> Result<TriageConfig> {
     triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7)?;
     let mut config = TriageConfig::default();
     let path = |p: &Path| p.to_string_lossy().into_owned();
-    config.set_model(ModelRole::Base, &path(&model));
-    config.set_model(ModelRole::LongContext, &path(&model));
+    config.set_model(ModelRole::Base, &path(&model))?;
+    config.set_model(ModelRole::LongContext, &path(&model))?;
     config.pipeline.embedder = path(&bert);
     config.set_kv_budget("512blocks");
     config.pipeline.prefix_dir = Some(dir.join("prefixes"));

@@ -100,7 +100,9 @@ mod tests {
     fn a_cpu_build_refuses_a_gpu_before_loading() {
         let mut config = TriageConfig::default();
         config.set_device(DeviceSpec::Cuda(0));
-        config.set_model(ModelRole::Base, "/nonexistent/base.gguf");
+        config
+            .set_model(ModelRole::Base, "/nonexistent/base.gguf")
+            .unwrap();
         let err = Engine::new(config).unwrap_err().to_string();
         assert!(err.contains("without the `cuda` feature"), "{err}");
     }

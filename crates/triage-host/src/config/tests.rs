@@ -118,12 +118,27 @@ fn roles_fall_back_to_the_base_model_and_the_router_loads_only_when_needed() {
     assert!(c.models_to_load().any(|m| m.role == ModelRole::Router));
     // Overriding a role with another role's model shares that model's entry.
     let mut c = TriageConfig::default();
-    c.set_model(ModelRole::Base, "/m.gguf");
-    c.set_model(ModelRole::LongContext, "/m.gguf");
+    c.set_model(ModelRole::Base, "/m.gguf").unwrap();
+    c.set_model(ModelRole::LongContext, "/m.gguf").unwrap();
     assert_eq!(name_of(&c, ModelRole::Base), "/m.gguf");
     assert_eq!(name_of(&c, ModelRole::LongContext), "/m.gguf");
     assert_eq!(c.models.iter().filter(|m| m.spec() == "/m.gguf").count(), 1);
     c.validate().unwrap();
+    // The router's model cannot also be the long-context model (an entry plays one role):
+    // refused, and nothing changed, where the role used to fall back to the base model.
+    let mut c = TriageConfig::default();
+    let router = name_of(&c, ModelRole::Router).to_string();
+    let before = c.models.clone();
+    let err = c
+        .set_model(ModelRole::LongContext, &router)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("router role"), "{err}");
+    assert_eq!(c.models, before);
+    // As the base model it may: it then plays every role no other entry plays.
+    c.set_model(ModelRole::Base, &router).unwrap();
+    assert_eq!(name_of(&c, ModelRole::Router), router);
+    assert_eq!(name_of(&c, ModelRole::Base), router);
 }
 
 #[test]
