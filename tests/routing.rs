@@ -445,7 +445,7 @@ fn normans() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let mut config = TriageConfig::default();
     let base = config.model(ModelRole::Base).unwrap().name.clone();
-    config.set_model(ModelRole::LongContext, &base);
+    config.set_model(ModelRole::LongContext, &base).unwrap();
     config.set_kv_budget("1024blocks");
     config.pipeline.prefix_dir = Some(dir.path().join("prefixes"));
     config.routing.retrieval.k = 2;
@@ -545,4 +545,42 @@ fn real_models_keep_a_retrieved_answer_on_rag_and_escalate_a_missed_one() {
     let lc = lc_cached_tokens(&escalated);
     assert!(lc >= prefix / 16 * 16);
     assert_eq!(monitor.tau.model, "qwen2.5-coder-0.5b");
+}
+
+#[test]
+fn the_self_check_asks_the_model_its_settings_name() {
+    let mut setup = normans();
+    // SmolLM2 judges: the router's entry gives way (no classifier here asks it).
+    let router = ModelRole::Router;
+    setup.config.models.retain(|m| m.role != router);
+    setup
+        .config
+        .set_model(ModelRole::LongContext, triage::DEFAULT_ROUTER_MODEL)
+        .unwrap();
+    setup.config.routing.monitor.self_check = true;
+    setup.config.routing.monitor.self_check_model = ModelRole::LongContext;
+    let engine = setup.engine();
+    let answer = engine
+        .ask(&question(
+            "normans",
+            "When were the Normans in Normandy?",
+            Route::Rag,
+        ))
+        .unwrap();
+    let check = answer
+        .decision
+        .stages
+        .iter()
+        .find(|s| s.stage.as_str() == "self_check")
+        .expect("the RAG answer was self-checked");
+    // The long-context model never read the RAG prompt: it computes all of it (two chunks and
+    // the question), not a cached prompt's tail.
+    assert_eq!(check.model, Some(ModelRole::LongContext));
+    assert!(
+        check.prompt_tokens > 200,
+        "{check:?} {:?}",
+        answer.decision.stages
+    );
+    let signals = answer.decision.monitor.as_ref().unwrap().signals;
+    assert!(signals.self_check.is_finite(), "{signals:?}");
 }

@@ -9,6 +9,7 @@ pub use triage_types::{Calibration, Price, Prices, RoutePath, UNANSWERABLE};
 
 use crate::answer_span::DEFAULT_PREAMBLES;
 use crate::error::{Result, RouterError};
+use crate::generator::ModelRole;
 
 /// What the caller asks for: let the router decide, or force one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -137,6 +138,9 @@ pub struct MonitorSettings {
     /// bears that answer out, and record log p(yes) − log p(no) as a signal (a decline is not
     /// checked). Its tokens (the answer, the question, one step) are charged to the route.
     pub self_check: bool,
+    /// The model the self-check asks: the base model (its RAG prompt cached, a few dozen tokens)
+    /// or the long-context model (a larger judge, which reads the whole RAG prompt).
+    pub self_check_model: ModelRole,
     /// Layers (0-based) of the base model whose residual stream the RAG answer records for a
     /// hidden-state probe (`ProbeStates`); empty records none.
     pub probe_layers: Vec<usize>,
@@ -164,6 +168,7 @@ impl Default for MonitorSettings {
             sample_tokens: 16,
             sample_temperature: 0.7,
             self_check: false,
+            self_check_model: ModelRole::Base,
             probe_layers: Vec::new(),
             probe_steps: 4,
             probe: None,

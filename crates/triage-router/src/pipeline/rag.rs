@@ -307,37 +307,40 @@ impl Run<'_, '_> {
         ))
     }
 
-    /// Asks the base model, its RAG prompt cached, whether the context bears out the answer it
-    /// just gave; records the stage and returns log p(yes) − log p(no), NaN when not configured.
+    /// Asks the configured judge (the base model, its RAG prompt cached, or the long-context
+    /// model) whether the context bears out the answer just given; records the stage and returns
+    /// log p(yes) − log p(no), NaN when not configured.
     fn self_check(&mut self, request: &GenerateRequest, answer: &Generated) -> Result<f32> {
-        if !self.config().monitor.self_check {
+        let settings = &self.config().monitor;
+        if !settings.self_check {
             return Ok(f32::NAN);
         }
+        let role = settings.self_check_model;
         let Prompt::Chat(messages) = &request.prompt else {
             return Err(RouterError::Invalid("the RAG prompt is not a chat".into()));
         };
         let started = Instant::now();
-        let judge = YesNoJudge::new(&self.generator.model(ModelRole::Base)?.tokenizer)?;
+        let judge = YesNoJudge::new(&self.generator.model(role)?.tokenizer)?;
         let mut messages = messages.clone();
         messages.push(ChatMessage::new("assistant", answer.text.trim()));
         messages.push(ChatMessage::new("user", SELF_CHECK));
         let checked = self
             .generator
             .generate(
-                ModelRole::Base,
+                role,
                 &[judge.request(Prompt::Chat(messages))],
                 &mut |_, _, _| true,
             )?
             .into_iter()
             .next()
             .ok_or_else(|| RouterError::Invalid("the self-check produced no answer".into()))?;
-        // Like the samples, charged are the tokens it computes: the answer, the question and
-        // one step, not the cached RAG prompt again.
+        // Like the samples, charged are the tokens it computes: on the base model the answer,
+        // the question and one step, not the cached RAG prompt again.
         let (prompt, cached, completion) = usage_of(&checked);
         let prices = self.config().prices;
         self.record.add_stage(
             Stage::SelfCheck,
-            Some(ModelRole::Base),
+            Some(role),
             (prompt.saturating_sub(cached), 0, completion),
             ms(started),
             &prices,
