@@ -19,7 +19,7 @@ fn main() -> anyhow::Result<()> {
 
     let scratch = tempfile::tempdir()?;
     let mut config = TriageConfig::default();
-    config.set_model(ModelRole::LongContext, triage::DEFAULT_BASE_MODEL);
+    config.set_model(ModelRole::LongContext, triage::DEFAULT_BASE_MODEL)?;
     config.pipeline.prefix_dir = Some(scratch.path().join("prefixes"));
     let engine = Engine::new(config)?.with_store(scratch.path());
 
