@@ -150,7 +150,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
         .collect();
     let all: Vec<usize> = (0..COMBINED_INPUTS.len()).collect();
     let combined = fitted_auroc(train, test, &all)?;
-    let without = GROUPS
+    let mut without: Vec<Named> = GROUPS
         .iter()
         .map(|(name, group)| {
             let kept: Vec<usize> = all.iter().copied().filter(|j| !group.contains(j)).collect();
@@ -160,6 +160,10 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
             })
         })
         .collect::<Result<_, FitError>>()?;
+    without.push(Named {
+        name: "answers and declines fitted apart".into(),
+        auroc: fitted_apart_auroc(train, test, &all)?,
+    });
     let mut suites: Vec<&str> = test.iter().map(|l| l.suite.as_str()).collect();
     suites.sort_unstable();
     suites.dedup();
@@ -393,6 +397,39 @@ fn fitted_auroc(
     Ok(auroc(&scores, &labels))
 }
 
+/// The combined score as two models, one fitted on the answers and one on the declines (a
+/// linear score shares every slope between them, while a signal may mean the opposite for a
+/// decline), each test answer scored by its own; AUROC over all of them. None where either
+/// kind lacks a label in training.
+fn fitted_apart_auroc(
+    train: &[Labelled],
+    test: &[Labelled],
+    columns: &[usize],
+) -> Result<Option<f64>, FitError> {
+    let declined = COMBINED_INPUTS
+        .iter()
+        .position(|n| *n == "declined")
+        .expect("the decline is a combined input");
+    let is_decline = |l: &Labelled| l.inputs[declined] > 0.5;
+    let pick = |l: &Labelled| -> Vec<f32> { columns.iter().map(|&j| l.inputs[j]).collect() };
+    let mut models = Vec::new();
+    for kind in [false, true] {
+        let own: Vec<&Labelled> = train.iter().filter(|l| is_decline(l) == kind).collect();
+        let y: Vec<bool> = own.iter().map(|l| l.wrong).collect();
+        if !y.contains(&true) || !y.contains(&false) {
+            return Ok(None);
+        }
+        let x: Vec<Vec<f32>> = own.iter().map(|l| pick(l)).collect();
+        models.push(LogisticModel::fit(&x, &y, COMBINED_L2)?);
+    }
+    let scores = test
+        .iter()
+        .map(|l| models[usize::from(is_decline(l))].predict(&pick(l)))
+        .collect::<Result<Vec<f64>, FitError>>()?;
+    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
+    Ok(auroc(&scores, &labels))
+}
+
 /// The layers whose states the train answers recorded (the first record's).
 fn recorded_layers(train: &[Labelled]) -> Option<Vec<usize>> {
     train
@@ -545,6 +582,36 @@ mod tests {
         assert_eq!(answered("Unanswerable.", false), 1.0);
         assert_eq!(answered("unanswerable", true), 1.0);
         assert_eq!(answered("Paris", false), 0.0);
+    }
+
+    #[test]
+    fn a_signal_that_means_the_opposite_for_a_decline_needs_the_two_fitted_apart() {
+        // Half the answers decline; the self-check says "wrong" when high for an answer and
+        // when low for a decline: one linear score cannot read both, two can.
+        let index = |name: &str| COMBINED_INPUTS.iter().position(|n| *n == name).unwrap();
+        let (declined, check) = (index("declined"), index("neg_self_check"));
+        let flip = |mut ls: Vec<Labelled>| {
+            for (i, l) in ls.iter_mut().enumerate() {
+                let decline = i % 2 == 1;
+                let wrong = f32::from(u8::from(l.wrong));
+                l.inputs[declined] = f32::from(u8::from(decline));
+                l.inputs[check] = if decline { 1.0 - wrong } else { wrong } + l.inputs[check] * 0.2;
+            }
+            ls
+        };
+        let train = flip(answers("squad-v2", 240, 0, 1));
+        let test = flip(answers("squad-v2", 120, 0, 2));
+        let s = study(&train, &test).unwrap();
+        let row = |name: &str| {
+            s.without
+                .iter()
+                .find(|n| n.name == name)
+                .unwrap()
+                .auroc
+                .unwrap()
+        };
+        assert!(row("answers and declines fitted apart") > 0.95, "{s:?}");
+        assert!(s.combined.unwrap() < 0.8, "{s:?}");
     }
 
     #[test]
