@@ -33,8 +33,8 @@ pub(super) struct RagOutcome {
     pub verdict: Verdict,
 }
 
-/// What was asked of the base model after its answer: the samples' agreement with it, and its
-/// self-check (both NaN when not configured or not asked), and the probe's verdict.
+/// What was asked after the answer: the samples' agreement with it and its self-check (both NaN
+/// when not configured or not asked), with the probe's verdict.
 struct FollowUps {
     agreement: f32,
     self_check: f32,
