@@ -375,6 +375,40 @@ fn probe_aurocs(train: &[Labelled], test: &[Labelled]) -> Vec<Named> {
     out
 }
 
+/// An answer's `columns` of the combined inputs.
+fn pick(l: &Labelled, columns: &[usize]) -> Vec<f32> {
+    columns.iter().map(|&j| l.inputs[j]).collect()
+}
+
+/// A logistic on `train`'s `columns`; `None` when train holds one label only.
+fn fit_on<'a>(
+    train: impl IntoIterator<Item = &'a Labelled>,
+    columns: &[usize],
+) -> Result<Option<LogisticModel>, FitError> {
+    let (x, y): (Vec<Vec<f32>>, Vec<bool>) = train
+        .into_iter()
+        .map(|l| (pick(l, columns), l.wrong))
+        .unzip();
+    if !y.contains(&true) || !y.contains(&false) {
+        return Ok(None);
+    }
+    LogisticModel::fit(&x, &y, COMBINED_L2).map(Some)
+}
+
+/// AUROC on `test` of each answer's P(wrong) from the model `model_of` picks for it.
+fn scored_auroc<'m>(
+    test: &[Labelled],
+    columns: &[usize],
+    model_of: impl Fn(&Labelled) -> &'m LogisticModel,
+) -> Result<Option<f64>, FitError> {
+    let scores = test
+        .iter()
+        .map(|l| model_of(l).predict(&pick(l, columns)))
+        .collect::<Result<Vec<f64>, FitError>>()?;
+    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
+    Ok(auroc(&scores, &labels))
+}
+
 /// AUROC on `test` of a logistic fitted on `train`'s `columns`; `None` when train holds one
 /// label only.
 fn fitted_auroc(
@@ -382,19 +416,10 @@ fn fitted_auroc(
     test: &[Labelled],
     columns: &[usize],
 ) -> Result<Option<f64>, FitError> {
-    let pick = |l: &Labelled| -> Vec<f32> { columns.iter().map(|&j| l.inputs[j]).collect() };
-    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
-    if !y.contains(&true) || !y.contains(&false) || test.is_empty() {
-        return Ok(None);
+    match fit_on(train, columns)? {
+        Some(model) if !test.is_empty() => scored_auroc(test, columns, |_| &model),
+        _ => Ok(None),
     }
-    let x: Vec<Vec<f32>> = train.iter().map(pick).collect();
-    let model = LogisticModel::fit(&x, &y, COMBINED_L2)?;
-    let scores = test
-        .iter()
-        .map(|l| model.predict(&pick(l)))
-        .collect::<Result<Vec<f64>, FitError>>()?;
-    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
-    Ok(auroc(&scores, &labels))
 }
 
 /// The combined score as two models, one fitted on the answers and one on the declines (a
@@ -411,23 +436,17 @@ fn fitted_apart_auroc(
         .position(|n| *n == "declined")
         .expect("the decline is a combined input");
     let is_decline = |l: &Labelled| l.inputs[declined] > 0.5;
-    let pick = |l: &Labelled| -> Vec<f32> { columns.iter().map(|&j| l.inputs[j]).collect() };
-    let mut models = Vec::new();
-    for kind in [false, true] {
-        let own: Vec<&Labelled> = train.iter().filter(|l| is_decline(l) == kind).collect();
-        let y: Vec<bool> = own.iter().map(|l| l.wrong).collect();
-        if !y.contains(&true) || !y.contains(&false) {
-            return Ok(None);
-        }
-        let x: Vec<Vec<f32>> = own.iter().map(|l| pick(l)).collect();
-        models.push(LogisticModel::fit(&x, &y, COMBINED_L2)?);
+    let fit_kind = |kind: bool| fit_on(train.iter().filter(|l| is_decline(l) == kind), columns);
+    match (fit_kind(false)?, fit_kind(true)?) {
+        (Some(answers), Some(declines)) => scored_auroc(test, columns, |l| {
+            if is_decline(l) {
+                &declines
+            } else {
+                &answers
+            }
+        }),
+        _ => Ok(None),
     }
-    let scores = test
-        .iter()
-        .map(|l| models[usize::from(is_decline(l))].predict(&pick(l)))
-        .collect::<Result<Vec<f64>, FitError>>()?;
-    let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
-    Ok(auroc(&scores, &labels))
 }
 
 /// The layers whose states the train answers recorded (the first record's).
