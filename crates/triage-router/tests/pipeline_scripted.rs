@@ -395,6 +395,58 @@ fn a_rag_answer_records_its_grounding_and_the_agreement_of_its_samples() {
     assert_eq!(out.answer.decision.path, RoutePath::Rag);
 }
 
+/// The RAG calls of an answer (its greedy answer and any samples) and whether a samples stage
+/// was charged.
+fn rag_calls_and_samples_stage(g: &Scripted, out: &Outcome) -> (usize, bool) {
+    let stages = &out.answer.decision.stages;
+    (
+        g.count(Call::Rag),
+        stages.iter().any(|s| s.stage == Stage::Samples),
+    )
+}
+
+#[test]
+fn samples_are_drawn_only_where_something_reads_them() {
+    let f = fixture();
+    let q = "What is the capital of France?";
+    let unsure = vec![("Maybe", 3.0), (" Lyon", 3.0)];
+    let mut c = config();
+    c.monitor.samples = 3;
+    // τ escalates the unsure answer and only the combined score reads samples: none drawn.
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = unsure.clone();
+    let out = ask(&f, &mut g, c.clone(), question(q), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(rag_calls_and_samples_stage(&g, &out), (1, false));
+    assert!(out
+        .answer
+        .decision
+        .monitor
+        .unwrap()
+        .signals
+        .sample_agreement
+        .is_nan());
+    // Nor for a decline, which escalates on its own.
+    let mut g = declining(&f);
+    let out = ask(&f, &mut g, c.clone(), question(q), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Lc);
+    assert_eq!(rag_calls_and_samples_stage(&g, &out), (1, false));
+    // Forced RAG draws them for calibration to read, however unsure the answer.
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = unsure.clone();
+    let mut forced = question(q);
+    forced.route = Route::Rag;
+    let out = ask(&f, &mut g, c.clone(), forced, true).unwrap();
+    assert_eq!(rag_calls_and_samples_stage(&g, &out), (4, true));
+    // So does an answer the combined score judges: there τ only records.
+    c.monitor.combined_score = Some(combined_file(f.dir.path(), -5.0));
+    let mut g = Scripted::new(f.model.clone());
+    g.rag = unsure;
+    let out = ask(&f, &mut g, c, question(q), true).unwrap();
+    assert_eq!(out.answer.decision.path, RoutePath::Rag);
+    assert_eq!(rag_calls_and_samples_stage(&g, &out), (4, true));
+}
+
 #[test]
 fn a_rag_answer_records_the_residual_stream_a_probe_asks_for() {
     let f = fixture();

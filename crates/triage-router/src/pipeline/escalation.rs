@@ -82,12 +82,7 @@ pub(super) struct Verdict {
 /// context rarely does better on it); where abstaining is not allowed, a decline is no answer.
 pub(super) fn decide(s: &EscalationSignals) -> Verdict {
     let combined_escalates = s.combined.is_some_and(|c| c.p_wrong >= c.threshold);
-    let probe_escalates = s.probe.is_some_and(|p| p.escalates());
-    let accepted = s.monitor == Decision::Accept
-        && !combined_escalates
-        && !probe_escalates
-        && !s.no_content
-        && !declined_escalates(s);
+    let accepted = !escalates_unscored(s, s.combined.is_some()) && !combined_escalates;
     let (path, reason) = match (accepted, &s.fallback) {
         (_, Fallback::Forced) => (
             s.rag_path,
@@ -112,10 +107,26 @@ fn shown(threshold: f64) -> f64 {
     (threshold * 1e4).round() / 1e4
 }
 
+/// Whether the answer escalates whatever a combined score would say of it: the monitor, the
+/// probe, an answer without content or a decline that escalates on its own. `scored` says
+/// whether a combined score will judge it (`s.combined` may not be computed yet). A score can add
+/// an escalation but never take one of these back, so an answer this settles needs nothing that
+/// only the score reads (the samples, the self-check).
+pub(super) fn escalates_unscored(s: &EscalationSignals, scored: bool) -> bool {
+    s.monitor != Decision::Accept
+        || s.probe.is_some_and(|p| p.escalates())
+        || s.no_content
+        || decline_escalates(s.declined, scored, s.abstention_allowed)
+}
+
 /// A decline escalates on its own unless a combined score judges it, which it does only where
 /// "unanswerable" may stand as the answer.
+fn decline_escalates(declined: bool, scored: bool, abstention_allowed: bool) -> bool {
+    declined && !(scored && abstention_allowed)
+}
+
 fn declined_escalates(s: &EscalationSignals) -> bool {
-    s.declined && !(s.combined.is_some() && s.abstention_allowed)
+    decline_escalates(s.declined, s.combined.is_some(), s.abstention_allowed)
 }
 
 /// Why an accepted answer stands: the signal that decided.

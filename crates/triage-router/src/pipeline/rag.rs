@@ -10,7 +10,7 @@ use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Hit;
 
 use super::escalation::{
-    decide, CombinedVerdict, EscalationSignals, Fallback, ProbeVerdict, Verdict,
+    decide, escalates_unscored, CombinedVerdict, EscalationSignals, Fallback, ProbeVerdict, Verdict,
 };
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM, SELF_CHECK};
@@ -34,11 +34,17 @@ pub(super) struct RagOutcome {
 }
 
 /// What was asked after the answer: the samples' agreement with it and its self-check (both NaN
-/// when not configured or not asked), with the probe's verdict.
+/// when not configured or not asked).
 struct FollowUps {
     agreement: f32,
     self_check: f32,
-    probe: Option<ProbeVerdict>,
+}
+
+impl FollowUps {
+    const NOT_ASKED: Self = Self {
+        agreement: f32::NAN,
+        self_check: f32::NAN,
+    };
 }
 
 /// The judgement of a finished answer, with the signals the record keeps.
@@ -82,35 +88,33 @@ impl Run<'_, '_> {
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
         let (generated, hold, probed) =
             self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
-        // An answer the probe already escalated needs no samples and no self-check.
-        let follow_ups = if probed.is_some_and(|p| p.escalates()) && can_escalate {
-            FollowUps {
-                agreement: f32::NAN,
-                self_check: f32::NAN,
-                probe: probed,
-            }
+        let escalation = self.escalation_signals(
+            &generated,
+            &mut span,
+            tau,
+            offers_decline,
+            probed,
+            path,
+            fallback,
+        );
+        // The samples and the self-check are read only by the combined score: an answer that
+        // escalates whatever the score says (the monitor, the probe, a decline) is not charged
+        // for them. A forced answer asks them all, for calibration to read.
+        let scored = self.pipeline.combined.is_some();
+        let follow_ups = if can_escalate && escalates_unscored(&escalation, scored) {
+            FollowUps::NOT_ASKED
         } else {
             FollowUps {
                 agreement: self.sample_agreement(&request, &generated)?,
                 // A decline claims nothing the context could bear out: it is not checked.
-                self_check: if offers_decline && declines(&generated.text) {
+                self_check: if escalation.declined {
                     f32::NAN
                 } else {
                     self.self_check(&request, &generated)?
                 },
-                probe: probed,
             }
         };
-        let judged = self.judge(
-            &generated,
-            &hits,
-            follow_ups,
-            &mut span,
-            tau,
-            offers_decline,
-            path,
-            fallback,
-        )?;
+        let judged = self.judge(&generated, &hits, follow_ups, &span, escalation)?;
         if judged.verdict.path == path {
             hold.finish(&generated.text, &mut *self.events);
             self.record.path = path;
@@ -352,23 +356,46 @@ impl Run<'_, '_> {
             .ok_or_else(|| RouterError::Invalid("the self-check produced no token".into()))
     }
 
-    /// The finished answer's signals and the escalation decision on them.
+    /// What the finished answer shows before anything is asked after it; the combined score,
+    /// which needs the follow-ups, is left to [`Self::judge`].
     #[allow(clippy::too_many_arguments)]
+    fn escalation_signals(
+        &self,
+        generated: &Generated,
+        span: &mut SpanMonitor,
+        tau: f32,
+        offers_decline: bool,
+        probe: Option<ProbeVerdict>,
+        rag_path: crate::routing_config::RoutePath,
+        fallback: Fallback,
+    ) -> EscalationSignals {
+        EscalationSignals {
+            monitor: span.finish(),
+            tau,
+            mean: span.span_mean(),
+            decided_at: span.decided_at,
+            combined: None,
+            probe,
+            // An answer without a single content token (empty, or only punctuation) answered
+            // nothing, however calm its tokens were.
+            no_content: !span.trace.iter().any(|&(_, in_span)| in_span),
+            declined: offers_decline && declines(&generated.text),
+            abstention_allowed: self.config().abstain,
+            rag_path,
+            fallback,
+        }
+    }
+
+    /// The finished answer's signals, its combined score and the escalation decision on them.
     fn judge(
         &self,
         generated: &Generated,
         hits: &[Hit],
         follow_ups: FollowUps,
-        span: &mut SpanMonitor,
-        tau: f32,
-        offers_decline: bool,
-        rag_path: crate::routing_config::RoutePath,
-        fallback: Fallback,
+        span: &SpanMonitor,
+        mut escalation: EscalationSignals,
     ) -> Result<Judged> {
         let settings = &self.config().monitor;
-        let monitor = span.finish();
-        let declined = offers_decline && declines(&generated.text);
-        let probe = follow_ups.probe;
         let signals = AnswerSignals {
             sample_agreement: follow_ups.agreement,
             self_check: follow_ups.self_check,
@@ -376,7 +403,7 @@ impl Run<'_, '_> {
                 &generated.tokens,
                 &settings.preambles,
                 settings.window,
-                declined,
+                escalation.declined,
             )
         };
         let chunks: Vec<(&str, f32)> = hits
@@ -404,27 +431,13 @@ impl Run<'_, '_> {
             }
             None => None,
         };
-        let verdict = decide(&EscalationSignals {
-            monitor,
-            tau,
-            mean: span.span_mean(),
-            decided_at: span.decided_at,
-            combined,
-            probe,
-            // An answer without a single content token (empty, or only punctuation) answered
-            // nothing, however calm its tokens were.
-            no_content: !span.trace.iter().any(|&(_, in_span)| in_span),
-            declined,
-            abstention_allowed: self.config().abstain,
-            rag_path,
-            fallback,
-        });
+        escalation.combined = combined;
         Ok(Judged {
-            verdict,
+            verdict: decide(&escalation),
             signals,
             grounding,
             combined,
-            probe,
+            probe: escalation.probe,
         })
     }
 
