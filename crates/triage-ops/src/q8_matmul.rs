@@ -15,6 +15,8 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::{OpsError, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod cpu;
 mod matrix;
 mod rows;
@@ -47,6 +49,10 @@ pub enum Q8Kernel {
     AvxVnni,
     /// AVX-512 VNNI: 16 weight rows per 512-bit register.
     Avx512Vnni,
+    /// AMX-INT8 (`tdpbssd`): 8 activation rows by 16 weight rows per block and tile, scaled with
+    /// AVX-512. Chosen only when `TRIAGE_Q8_KERNEL=amx` names it, until an AMX host has measured
+    /// it against AVX-512 VNNI (it has not yet run on one).
+    Amx,
 }
 
 impl Q8Kernel {
@@ -56,13 +62,22 @@ impl Q8Kernel {
         AVAILABLE.get_or_init(cpu::available)
     }
 
-    /// The fastest kernel this CPU runs, or the one `TRIAGE_Q8_KERNEL` names (`portable`, `avx2`,
-    /// `avx-vnni`, `avx512-vnni`) when the CPU runs it: all give the same
-    /// bits, so the variable only changes speed (benchmarks compare kernels with it). Read once.
+    /// The fastest measured kernel this CPU runs, or the one `TRIAGE_Q8_KERNEL` names
+    /// (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`) when the CPU runs it: all give the
+    /// same bits, so the variable only changes speed (benchmarks compare kernels with it). Read
+    /// once. AMX is taken only when named (see `Q8Kernel::Amx`).
     pub fn best() -> Q8Kernel {
         static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            crate::kernel_choice::chosen("TRIAGE_Q8_KERNEL", Self::available(), Self::name)
+            let measured: Vec<Q8Kernel> = Self::available()
+                .iter()
+                .copied()
+                .filter(|&k| k != Q8Kernel::Amx)
+                .collect();
+            std::env::var("TRIAGE_Q8_KERNEL")
+                .ok()
+                .and_then(|name| Self::from_name(&name))
+                .or_else(|| measured.last().copied())
                 .unwrap_or(Q8Kernel::Portable)
         })
     }
@@ -79,6 +94,7 @@ impl Q8Kernel {
             Q8Kernel::Avx2 => "avx2",
             Q8Kernel::AvxVnni => "avx-vnni",
             Q8Kernel::Avx512Vnni => "avx512-vnni",
+            Q8Kernel::Amx => "amx",
         }
     }
 }

@@ -21,6 +21,9 @@ pub(super) fn available() -> Vec<Q8Kernel> {
             if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
                 kernels.push(Q8Kernel::Avx512Vnni);
             }
+            if has!("avx512f") && has!("avx512vl") && super::amx::usable() {
+                kernels.push(Q8Kernel::Amx);
+            }
         }
     }
     kernels
@@ -73,6 +76,8 @@ pub(super) fn tiles(
                 Q8Kernel::Avx2 | Q8Kernel::AvxVnni | Q8Kernel::Avx512Vnni => {
                     super::x86::tile(kernel, args, groups.end - g)
                 }
+                #[cfg(target_arch = "x86_64")]
+                Q8Kernel::Amx => super::amx::run(args, groups.end - g),
                 _ => portable(args),
             };
         }

@@ -164,6 +164,47 @@ fn extreme_values_do_not_saturate_any_kernel() {
 
 #[cfg(target_arch = "x86_64")]
 #[test]
+fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
+    // AMX hosts run the body on their tiles through `q8_matmul_quantized` above; this runs it on
+    // the software model of the same instructions, wherever AVX-512 is: runs of 4, 3, 2 and 1
+    // groups (the last of them short: 90 weight rows), tiles of 8 and of 5 rows.
+    let (w, a) = (weights(90, 96, 10), acts(13, 96, 11));
+    let portable = q8_matmul_quantized(&a, &w, Q8Kernel::Portable).unwrap();
+    for tile in 0..2 {
+        for (group, groups_left) in [(0, 6), (1, 3), (2, 2), (5, 1), (4, 2)] {
+            let mut out = vec![f32::NAN; 8 * 64];
+            let args = cpu::TileArgs {
+                w: &w,
+                group,
+                a: &a,
+                tile,
+                out: &mut out,
+                out_stride: 64,
+            };
+            let Some(done) = amx::run_on_model(args, groups_left) else {
+                eprintln!("no AVX-512 here: the AMX body is not run");
+                return;
+            };
+            // Never past the span's end: group 1 of span 0 runs 3 groups, group 4 of span 1 2.
+            assert_eq!(done, groups_left.min(4 - group % 4), "group {group}");
+            for i in 0..a.tile_rows(tile) {
+                for lane in 0..done * 16 {
+                    let (row, col) = (tile * 8 + i, group * 16 + lane);
+                    if col < 90 {
+                        assert_eq!(
+                            out[i * 64 + lane],
+                            portable[row * 90 + col],
+                            "({row}, {col})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
 fn the_avx_vnni_kernel_body_gives_the_portable_loops_bits() {
     // AVX-VNNI hosts run it through `q8_matmul_quantized` above; this runs its body (in EVEX
     // encoding) on hosts with AVX-512 VNNI, tile by tile: 3 groups by 2 tiles (8 + 3 rows).

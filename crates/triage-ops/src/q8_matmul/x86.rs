@@ -17,11 +17,11 @@ use super::{Q8Kernel, Q8Matrix, Q8Rows, QK8_0};
 /// Into L1 instead was as slow as none (the stream evicts what the step reuses).
 const PREFETCH_BLOCKS: usize = 4;
 /// From one group's block to the next group's, and to its own next block, in `quants` bytes.
-const NEXT_GROUP: usize = GROUP_BLOCK_BYTES;
-const NEXT_BLOCK: usize = SPAN_GROUPS * GROUP_BLOCK_BYTES;
+pub(super) const NEXT_GROUP: usize = GROUP_BLOCK_BYTES;
+pub(super) const NEXT_BLOCK: usize = SPAN_GROUPS * GROUP_BLOCK_BYTES;
 /// The same steps in `scales`.
-const NEXT_GROUP_SCALES: usize = GROUP_ROWS;
-const NEXT_BLOCK_SCALES: usize = SPAN_GROUPS * GROUP_ROWS;
+pub(super) const NEXT_GROUP_SCALES: usize = GROUP_ROWS;
+pub(super) const NEXT_BLOCK_SCALES: usize = SPAN_GROUPS * GROUP_ROWS;
 
 /// Runs `kernel` (an x86 kernel this CPU has, from `cpu::available`) on the tile of `args`, with
 /// `groups_left` weight groups from `args.group` on; returns how many groups it did.
@@ -178,19 +178,19 @@ pub(super) fn avx_vnni_body_on_avx512(args: TileArgs) -> Option<()> {
 
 /// Where a tile's operands start: blocks per row, the weight groups' quants and scales, the
 /// activation tile's quants, scales and offsets, and its number of rows.
-struct Start {
-    kb: usize,
-    wq: *const i8,
-    ws: *const f32,
-    aq: *const i8,
-    as_: *const f32,
-    ao: *const i32,
-    na: usize,
+pub(super) struct Start {
+    pub(super) kb: usize,
+    pub(super) wq: *const i8,
+    pub(super) ws: *const f32,
+    pub(super) aq: *const i8,
+    pub(super) as_: *const f32,
+    pub(super) ao: *const i32,
+    pub(super) na: usize,
 }
 
 impl Start {
     /// Slicing checks that the first group and the tile are inside the buffers.
-    fn new(w: &Q8Matrix, group: usize, a: &Q8Rows, tile: usize) -> Self {
+    pub(super) fn new(w: &Q8Matrix, group: usize, a: &Q8Rows, tile: usize) -> Self {
         let kb = w.cols / QK8_0;
         let (aq0, as0) = a.tile_start(tile);
         Self {
