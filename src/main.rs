@@ -268,7 +268,13 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         (None, false) => Rule::Elbow(floor),
     };
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
-    let calibrated = cli::eval::calibrate(&config, &args.out, rule, &args.combined_fit)?;
+    let calibrated = cli::calibrate::calibrate(
+        &config,
+        &args.out,
+        rule,
+        &args.combined_fit,
+        args.choose_self_route,
+    )?;
     let (chosen, calibration) = (&calibrated.chosen, &calibrated.calibration);
     let statistic = if calibrated.combined.is_some() {
         "P(wrong) thresholds"
@@ -309,6 +315,24 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         100.0 * (1.0 - calibration.token_reduction),
         args.out.display()
     );
+    if let Some(other) = &calibrated.other {
+        let offer = |on: bool| if on { "with" } else { "without" };
+        let how = match &other.point {
+            Ok(p) => format!(
+                "accuracy {:.3} at {:.0} mean tokens, {:.1}% escalated",
+                p.accuracy,
+                p.mean_tokens,
+                100.0 * p.escalation_rate
+            ),
+            Err(e) => format!("no operating point ({e})"),
+        };
+        println!(
+            "self_route = {}: forced RAG {} the decline offer did better than {} it ({how})",
+            calibrated.self_route,
+            offer(calibrated.self_route),
+            offer(other.self_route)
+        );
+    }
     Ok(())
 }
 

@@ -154,6 +154,12 @@ pub struct CalibrateArgs {
     /// the routing file at it. A decline is then judged by the score like any answer.
     #[arg(long)]
     pub combined_fit: Vec<std::path::PathBuf>,
+    /// Also answer the dev questions with forced RAG offering Self-Route's decline the other way
+    /// (in a run directory beside --runs, `…-self-route-on|off`), calibrate both settings and
+    /// write the better: where both reach the floor the cheaper, otherwise the more accurate.
+    /// With --combined-fit, give fit runs of both settings (each run's `run.json` says which).
+    #[arg(long)]
+    pub choose_self_route: bool,
 }
 
 #[derive(clap::Args)]

@@ -1,20 +1,16 @@
-//! `triage eval` and `triage calibrate`: run a suite's questions through each system (forced
-//! paths, the routed baselines, the oracle), append every scored answer to `results.jsonl`
-//! (resumable), then write `report.md`, `report.json` and the figures; calibrate runs the rag
-//! and lc systems on the dev split and writes τ with its provenance to a routing TOML.
+//! `triage eval`: run a suite's questions through each system (forced paths, the routed
+//! baselines, the oracle), append every scored answer to `results.jsonl` (resumable), then write
+//! `report.md`, `report.json` and the figures; and the routing TOML `triage calibrate` writes.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use triage_eval::calibrate::{self, Rule};
-use triage_eval::combined_calibration;
 use triage_eval::report;
 use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
-use triage_router::combined_score::{self, CombinedScore, CombinedScoreModel};
 use triage_router::routing_config::{
     Calibration, ClassifierSetting, RagSearch, RetrievalSettings, UNANSWERABLE,
 };
@@ -552,98 +548,6 @@ pub fn calibrated_toml(
         calibration.queries,
         toml::to_string(&file).context("writing the calibration as TOML")?
     ))
-}
-
-/// The combined score `triage calibrate --combined-fit` saved.
-#[derive(Debug)]
-pub struct CombinedSaved {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub threshold: f64,
-    /// Dev answers it was fitted on, and those left out as calibration questions.
-    pub fit_answers: usize,
-    pub left_out: usize,
-}
-
-/// What `triage calibrate` chose and wrote.
-#[derive(Debug)]
-pub struct Calibrated {
-    pub chosen: calibrate::Chosen,
-    pub calibration: Calibration,
-    pub combined: Option<CombinedSaved>,
-}
-
-/// `triage calibrate`: run rag and lc on the dev split (resumable, in `runs`), choose τ (or,
-/// with `combined_fit` runs, the combined score's threshold), write `out`.
-pub fn calibrate(
-    config: &EvalConfig,
-    out: &Path,
-    rule: Rule,
-    combined_fit: &[PathBuf],
-) -> Result<Calibrated> {
-    if config.split != Split::Dev {
-        bail!("τ is calibrated on the dev split only (--split dev); test is for reporting");
-    }
-    let mut run_config = config.clone();
-    run_config.systems = vec![System::Rag, System::Lc];
-    let done = run(&run_config)?;
-    let routing = &config.config.routing;
-    let calibrated = if combined_fit.is_empty() {
-        let (chosen, calibration) = calibrate::calibrate(&done.rows, rule)?;
-        let text = calibrated_toml(Escalation::Tau(chosen.tau), &calibration, routing)?;
-        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
-        Calibrated {
-            chosen,
-            calibration,
-            combined: None,
-        }
-    } else {
-        calibrate_combined(&done.rows, out, rule, combined_fit, routing)?
-    };
-    Ok(calibrated)
-}
-
-/// The combined score fitted on `fit_dirs`, its threshold chosen on `rows`, saved beside `out`
-/// and named by the routing file written to `out`.
-fn calibrate_combined(
-    rows: &[ResultRow],
-    out: &Path,
-    rule: Rule,
-    fit_dirs: &[PathBuf],
-    routing: &RoutingConfig,
-) -> Result<Calibrated> {
-    let mut fit_rows = Vec::new();
-    for dir in fit_dirs {
-        fit_rows.extend_from_slice(ResultsFile::open(dir)?.rows());
-    }
-    let c = combined_calibration::calibrate_combined(rows, &fit_rows, rule)?;
-    let score = CombinedScore {
-        model: CombinedScoreModel {
-            model_id: c.calibration.model.clone(),
-            inputs: combined_score::INPUTS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            logistic: c.logistic.clone(),
-            threshold: c.threshold,
-        },
-    };
-    let path = std::path::absolute(out.with_extension("combined.json"))
-        .with_context(|| format!("resolving {}", out.display()))?;
-    let sha256 = score.save(&path)?;
-    let text = calibrated_toml(Escalation::Combined(path.clone()), &c.calibration, routing)?;
-    std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
-    Ok(Calibrated {
-        chosen: c.chosen,
-        calibration: c.calibration,
-        combined: Some(CombinedSaved {
-            path,
-            sha256,
-            threshold: c.threshold,
-            fit_answers: c.fit_answers,
-            left_out: c.left_out,
-        }),
-    })
 }
 
 #[cfg(test)]

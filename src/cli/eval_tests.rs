@@ -145,13 +145,55 @@ fn calibration_is_refused_on_the_test_split() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), &dir.path().join("run"));
     config.split = Split::Test;
-    let err = eval::calibrate(
+    let err = super::calibrate::calibrate(
         &config,
         &dir.path().join("routing.toml"),
         triage_eval::calibrate::Rule::Elbow(triage_eval::calibrate::Floor::None),
         &[],
+        false,
     )
     .unwrap_err()
     .to_string();
     assert!(err.contains("dev split only"), "{err}");
+}
+
+#[test]
+fn calibration_can_choose_whether_forced_rag_offers_the_decline() {
+    use super::calibrate::{calibrate, offer_run_dir};
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("cal");
+    let config = config(dir.path(), &runs);
+    let asked = config.config.routing.monitor.self_route;
+    let routing = dir.path().join("routing.toml");
+    // The tiny model's answers are noise, and some escalate at any τ: a rule every setting
+    // can meet.
+    let rule = triage_eval::calibrate::Rule::EscalationRate(1.0);
+    let c = calibrate(&config, &routing, rule, &[], true).unwrap();
+    // Forced RAG answered again, asked the other way, in its own run directory; long
+    // context's answers were not asked twice.
+    let other_dir = offer_run_dir(&runs, !asked);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(other_dir.join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["routing"]["monitor"]["self_route"], !asked);
+    let rows = lines(&other_dir.join("results.jsonl"));
+    assert_eq!(rows.len(), 3);
+    assert!(
+        rows.iter().all(|r| r.contains("\"system\":\"rag\"")),
+        "{rows:?}"
+    );
+    // The written setting is the one whose point the other does not beat.
+    let other = c.other.expect("the setting left out");
+    assert_eq!(other.self_route, !c.self_route);
+    let left_out = other.point.expect("an operating point for each setting");
+    assert!(!triage_eval::calibrate::beats(
+        &left_out,
+        &c.chosen.at,
+        None
+    ));
+    let text = std::fs::read_to_string(&routing).unwrap();
+    assert!(
+        text.contains(&format!("self_route = {}", c.self_route)),
+        "{text}"
+    );
 }

@@ -5,6 +5,7 @@ pub mod ask;
 pub mod bench;
 pub mod bench_retrieval;
 pub mod bench_route;
+pub mod calibrate;
 pub mod eval;
 pub mod retrieve;
 pub mod serve;

@@ -89,6 +89,34 @@ pub fn choose(pairs: &[RagLcPair], rule: Rule) -> Result<Chosen> {
     })
 }
 
+impl Rule {
+    /// The accuracy the rule's floor asks for, given long context's (none for the escalation
+    /// rate, which has no floor).
+    pub fn floor_accuracy(self, lc_accuracy: f64) -> Option<f64> {
+        match self {
+            Rule::Elbow(floor) | Rule::Cheapest(floor) => floor.min_accuracy(lc_accuracy),
+            Rule::EscalationRate(_) => None,
+        }
+    }
+}
+
+/// Whether operating point `other` beats `mine`, two points chosen by one rule on the same dev
+/// questions (long context's answers shared, e.g. RAG asked with and without Self-Route's
+/// decline offer): where both reach `floor` the cheaper wins, otherwise the more accurate, and
+/// the cheaper of equals; a tie keeps `mine`.
+pub fn beats(other: &SweepPoint, mine: &SweepPoint, floor: Option<f64>) -> bool {
+    let reaches = |p: &SweepPoint| floor.is_some_and(|a| p.accuracy + 1e-12 >= a);
+    let cheaper = other.mean_tokens < mine.mean_tokens;
+    if reaches(other) && reaches(mine) {
+        return cheaper;
+    }
+    match other.accuracy.total_cmp(&mine.accuracy) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => cheaper,
+    }
+}
+
 impl Floor {
     /// The accuracy this floor asks for, given long context's.
     fn min_accuracy(self, lc_accuracy: f64) -> Option<f64> {
@@ -334,6 +362,34 @@ pub(crate) fn calibration_record(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn of_two_settings_the_cheaper_wins_above_the_floor_and_the_more_accurate_below_it() {
+        let at = |accuracy: f64, mean_tokens: f64| SweepPoint {
+            tau: 0.5,
+            escalation_rate: 0.1,
+            accuracy,
+            mean_tokens,
+            mean_cost: mean_tokens / 1e6,
+        };
+        let floor = Some(0.40);
+        // Both reach the floor: fewer tokens wins, even at lower accuracy.
+        assert!(beats(&at(0.41, 900.0), &at(0.45, 5_000.0), floor));
+        assert!(!beats(&at(0.45, 5_000.0), &at(0.41, 900.0), floor));
+        // One reaches it: it is the more accurate, and wins whatever it costs.
+        assert!(beats(&at(0.42, 6_000.0), &at(0.30, 700.0), floor));
+        assert!(!beats(&at(0.30, 700.0), &at(0.42, 6_000.0), floor));
+        // Neither, or no floor: the more accurate; equals go to the cheaper; a tie stays.
+        assert!(beats(&at(0.35, 9_000.0), &at(0.30, 700.0), floor));
+        assert!(beats(&at(0.35, 9_000.0), &at(0.30, 700.0), None));
+        assert!(beats(&at(0.30, 600.0), &at(0.30, 700.0), None));
+        assert!(!beats(&at(0.30, 700.0), &at(0.30, 700.0), None));
+        let floor = Rule::Cheapest(Floor::Retained(0.95))
+            .floor_accuracy(0.4)
+            .unwrap();
+        assert!((floor - 0.38).abs() < 1e-12, "{floor}");
+        assert_eq!(Rule::EscalationRate(0.2).floor_accuracy(0.4), None);
+    }
 
     fn pair(statistic: f64, rag: bool, lc: bool) -> RagLcPair {
         crate::sweep::tests::pair(Some(statistic), rag, lc)
