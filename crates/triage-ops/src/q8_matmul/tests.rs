@@ -162,6 +162,32 @@ fn extreme_values_do_not_saturate_any_kernel() {
     }
 }
 
+/// A kernel body's output for activation tile `tile` and `groups` weight groups from `group`
+/// (`out`, rows `stride` apart) holds the portable product's values (`portable`, `n` columns),
+/// bit for bit, for every weight row that exists.
+#[cfg(target_arch = "x86_64")]
+fn assert_tile_is_portable(
+    out: &[f32],
+    stride: usize,
+    (tile, group, groups): (usize, usize, usize),
+    a: &Q8Rows,
+    portable: &[f32],
+    n: usize,
+) {
+    for i in 0..a.tile_rows(tile) {
+        for lane in 0..groups * 16 {
+            let (row, col) = (tile * 8 + i, group * 16 + lane);
+            if col < n {
+                assert_eq!(
+                    out[i * stride + lane],
+                    portable[row * n + col],
+                    "({row}, {col})"
+                );
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
@@ -187,18 +213,7 @@ fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
             };
             // Never past the span's end: group 1 of span 0 runs 3 groups, group 4 of span 1 2.
             assert_eq!(done, groups_left.min(4 - group % 4), "group {group}");
-            for i in 0..a.tile_rows(tile) {
-                for lane in 0..done * 16 {
-                    let (row, col) = (tile * 8 + i, group * 16 + lane);
-                    if col < 90 {
-                        assert_eq!(
-                            out[i * 64 + lane],
-                            portable[row * 90 + col],
-                            "({row}, {col})"
-                        );
-                    }
-                }
-            }
+            assert_tile_is_portable(&out, 64, (tile, group, done), &a, &portable, 90);
         }
     }
 }
@@ -225,16 +240,7 @@ fn the_avx_vnni_kernel_body_gives_the_portable_loops_bits() {
                 eprintln!("no AVX-512 VNNI here: the AVX-VNNI body is not run");
                 return;
             }
-            for i in 0..a.tile_rows(tile) {
-                for lane in 0..16.min(40 - group * 16) {
-                    let (row, col) = (tile * 8 + i, group * 16 + lane);
-                    assert_eq!(
-                        out[i * 16 + lane],
-                        portable[row * 40 + col],
-                        "({row}, {col})"
-                    );
-                }
-            }
+            assert_tile_is_portable(&out, 16, (tile, group, 1), &a, &portable, 40);
         }
     }
 }
