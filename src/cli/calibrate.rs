@@ -281,8 +281,8 @@ mod tests {
         let abstaining = fit_run(dir.path(), "abstain", false, true);
         assert!(!offered_decline(&off).unwrap());
         assert!(offered_decline(&abstaining).unwrap());
-        assert!(fit_rows(&[off.clone()], Some(false)).is_ok());
-        let err = fit_rows(&[off.clone()], Some(true))
+        assert!(fit_rows(std::slice::from_ref(&off), Some(false)).is_ok());
+        let err = fit_rows(std::slice::from_ref(&off), Some(true))
             .unwrap_err()
             .to_string();
         assert!(err.contains("with the decline offer"), "{err}");
