@@ -268,13 +268,13 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         (None, false) => Rule::Elbow(floor),
     };
     let config = eval_config(args.suite, &args.split, runs, Vec::new())?;
-    let calibrated = cli::calibrate::calibrate(
-        &config,
-        &args.out,
-        rule,
-        &args.combined_fit,
-        args.choose_self_route,
-    )?;
+    let options = cli::calibrate::CalibrateOptions {
+        combined_fit: args.combined_fit.clone(),
+        combined_apart: args.combined_apart,
+        choose_self_route: args.choose_self_route,
+        ..cli::calibrate::CalibrateOptions::tau(rule)
+    };
+    let calibrated = cli::calibrate::calibrate(&config, &args.out, &options)?;
     let (chosen, calibration) = (&calibrated.chosen, &calibrated.calibration);
     let statistic = if calibrated.combined.is_some() {
         "P(wrong) thresholds"

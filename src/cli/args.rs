@@ -154,6 +154,11 @@ pub struct CalibrateArgs {
     /// the routing file at it. A decline is then judged by the score like any answer.
     #[arg(long)]
     pub combined_fit: Vec<std::path::PathBuf>,
+    /// Fit the combined score as two models, one on the answers and one on the declines (a
+    /// signal may mean the opposite for a decline); each answer is then scored by its kind's.
+    /// Needs right and wrong declines among the fit answers (a suite that allows abstaining).
+    #[arg(long, requires = "combined_fit")]
+    pub combined_apart: bool,
     /// Also answer the dev questions with forced RAG offering Self-Route's decline the other way
     /// (in a run directory beside --runs, `…-self-route-on|off`), calibrate both settings and
     /// write the better: where both reach the floor the cheaper, otherwise the more accurate.

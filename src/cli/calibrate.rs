@@ -56,6 +56,30 @@ struct Candidate {
     combined: Option<CombinedCalibration>,
 }
 
+/// How `triage calibrate` chooses.
+#[derive(Debug, Clone)]
+pub struct CalibrateOptions {
+    pub rule: Rule,
+    /// Fit runs of the combined score; none: τ decides.
+    pub combined_fit: Vec<PathBuf>,
+    /// Fit the combined score's answers and declines apart.
+    pub combined_apart: bool,
+    /// Calibrate with and without the decline offer and write the better.
+    pub choose_self_route: bool,
+}
+
+impl CalibrateOptions {
+    /// τ chosen by `rule`, nothing else.
+    pub fn tau(rule: Rule) -> Self {
+        Self {
+            rule,
+            combined_fit: Vec::new(),
+            combined_apart: false,
+            choose_self_route: false,
+        }
+    }
+}
+
 /// `triage calibrate`: run rag and lc on the dev split (resumable, in `config.out`), choose τ
 /// (or, with `combined_fit` runs, the combined score's threshold), write `out`. With
 /// `choose_self_route`, forced RAG answers again with the decline offer the other way (in a
@@ -64,10 +88,14 @@ struct Candidate {
 pub fn calibrate(
     config: &EvalConfig,
     out: &Path,
-    rule: Rule,
-    combined_fit: &[PathBuf],
-    choose_self_route: bool,
+    options: &CalibrateOptions,
 ) -> Result<Calibrated> {
+    let CalibrateOptions {
+        rule,
+        ref combined_fit,
+        combined_apart: apart,
+        choose_self_route,
+    } = *options;
     if config.split != Split::Dev {
         bail!("τ is calibrated on the dev split only (--split dev); test is for reporting");
     }
@@ -77,7 +105,13 @@ pub fn calibrate(
     let routing = &config.config.routing;
     let asked = routing.monitor.self_route;
     if !choose_self_route {
-        let mine = candidate(&done.rows, rule, &fit_rows(combined_fit, None)?, asked)?;
+        let mine = candidate(
+            &done.rows,
+            rule,
+            &fit_rows(combined_fit, None)?,
+            apart,
+            asked,
+        )?;
         return write(mine, None, out, routing);
     }
     if combined_calibration::abstention_allowed(&done.rows) {
@@ -97,12 +131,14 @@ pub fn calibrate(
         &done.rows,
         rule,
         &fit_rows(combined_fit, Some(asked))?,
+        apart,
         asked,
     );
     let theirs = candidate(
         &other_rows,
         rule,
         &fit_rows(combined_fit, Some(!asked))?,
+        apart,
         !asked,
     );
     let (winner, loser) = match (mine, theirs) {
@@ -180,12 +216,13 @@ fn offered_decline(dir: &Path) -> Result<bool> {
     }
 }
 
-/// τ (or, with `fit_rows`, the combined score) chosen on `rows` by `rule`, for answers asked with
-/// the decline offer `self_route`.
+/// τ (or, with `fit_rows`, the combined score, its declines fitted `apart` or not) chosen on
+/// `rows` by `rule`, for answers asked with the decline offer `self_route`.
 fn candidate(
     rows: &[ResultRow],
     rule: Rule,
     fit_rows: &[ResultRow],
+    apart: bool,
     self_route: bool,
 ) -> Result<Candidate> {
     if fit_rows.is_empty() {
@@ -197,7 +234,7 @@ fn candidate(
             combined: None,
         });
     }
-    let c = combined_calibration::calibrate_combined(rows, fit_rows, rule)?;
+    let c = combined_calibration::calibrate_combined(rows, fit_rows, rule, apart)?;
     Ok(Candidate {
         self_route,
         chosen: c.chosen.clone(),
@@ -243,6 +280,7 @@ fn save_combined(c: &CombinedCalibration, out: &Path) -> Result<CombinedSaved> {
                 .map(|s| s.to_string())
                 .collect(),
             logistic: c.logistic.clone(),
+            declines: c.declines.clone(),
             threshold: c.threshold,
         },
     };

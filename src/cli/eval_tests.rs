@@ -145,12 +145,11 @@ fn calibration_is_refused_on_the_test_split() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = config(dir.path(), &dir.path().join("run"));
     config.split = Split::Test;
+    let rule = triage_eval::calibrate::Rule::Elbow(triage_eval::calibrate::Floor::None);
     let err = super::calibrate::calibrate(
         &config,
         &dir.path().join("routing.toml"),
-        triage_eval::calibrate::Rule::Elbow(triage_eval::calibrate::Floor::None),
-        &[],
-        false,
+        &super::calibrate::CalibrateOptions::tau(rule),
     )
     .unwrap_err()
     .to_string();
@@ -159,7 +158,7 @@ fn calibration_is_refused_on_the_test_split() {
 
 #[test]
 fn calibration_can_choose_whether_forced_rag_offers_the_decline() {
-    use super::calibrate::{calibrate, offer_run_dir};
+    use super::calibrate::{calibrate, offer_run_dir, CalibrateOptions};
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("cal");
     let config = config(dir.path(), &runs);
@@ -168,7 +167,11 @@ fn calibration_can_choose_whether_forced_rag_offers_the_decline() {
     // The tiny model's answers are noise, and some escalate at any τ: a rule every setting
     // can meet.
     let rule = triage_eval::calibrate::Rule::EscalationRate(1.0);
-    let c = calibrate(&config, &routing, rule, &[], true).unwrap();
+    let options = CalibrateOptions {
+        choose_self_route: true,
+        ..CalibrateOptions::tau(rule)
+    };
+    let c = calibrate(&config, &routing, &options).unwrap();
     // Forced RAG answered again, asked the other way, in its own run directory; long
     // context's answers were not asked twice.
     let other_dir = offer_run_dir(&runs, !asked);

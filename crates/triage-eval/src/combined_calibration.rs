@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use triage_types::linear::LogisticModel;
-use triage_types::signals::COMBINED_L2;
+use triage_types::signals::{is_decline, COMBINED_L2};
 use triage_types::Calibration;
 
 use crate::calibrate::{
@@ -19,7 +19,7 @@ use crate::calibrate::{
 };
 use crate::error::{EvalError, Result};
 use crate::results::ResultRow;
-use crate::signal_study::labelled;
+use crate::signal_study::{labelled, Labelled};
 use crate::suites::Split;
 use crate::sweep::{rag_lc_pairs, RagLcPair};
 use crate::system::System;
@@ -30,6 +30,9 @@ pub struct CombinedCalibration {
     pub chosen: Chosen,
     pub calibration: Calibration,
     pub logistic: LogisticModel,
+    /// With answers and declines fitted apart, the declines' model (`logistic` is then the
+    /// answers').
+    pub declines: Option<LogisticModel>,
     /// Escalate when P(wrong) is at least this (the router's comparison): the chosen τ, which
     /// the sweep escalates strictly above, moved to the next representable value.
     pub threshold: f64,
@@ -39,12 +42,14 @@ pub struct CombinedCalibration {
     pub left_out: usize,
 }
 
-/// Fit the combined score on `fit_rows`' RAG answers whose question `rows` does not ask, and
-/// choose its threshold on `rows`' rag and lc pairs by `rule`.
+/// Fit the combined score on `fit_rows`' RAG answers whose question `rows` does not ask (with
+/// `apart`, one model on the answers and one on the declines), and choose its threshold on
+/// `rows`' rag and lc pairs by `rule`.
 pub fn calibrate_combined(
     rows: &[ResultRow],
     fit_rows: &[ResultRow],
     rule: Rule,
+    apart: bool,
 ) -> Result<CombinedCalibration> {
     let tau = dev_monitor_settings(rows)?;
     if let Some(r) = fit_rows.iter().find(|r| r.split != Split::Dev) {
@@ -79,11 +84,23 @@ pub fn calibrate_combined(
             train.len()
         )));
     }
-    let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
-    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
-    let logistic = LogisticModel::fit(&x, &y, COMBINED_L2)
-        .map_err(|e| EvalError::Invalid(format!("fitting the combined score: {e}")))?;
-    let pairs = scored_pairs(rows, |inputs| logistic.predict(inputs).ok())?;
+    let (logistic, declines) = if apart {
+        let (declined, answered): (Vec<&Labelled>, Vec<&Labelled>) =
+            train.iter().partition(|l| is_decline(&l.inputs));
+        (
+            fit(&answered, "answers")?,
+            Some(fit(&declined, "declines")?),
+        )
+    } else {
+        (fit(&train.iter().collect::<Vec<_>>(), "answers")?, None)
+    };
+    let pairs = scored_pairs(rows, |inputs| {
+        let model = match &declines {
+            Some(d) if is_decline(inputs) => d,
+            _ => &logistic,
+        };
+        model.predict(inputs).ok()
+    })?;
     let chosen = choose(&pairs, rule)?;
     let mut calibration = calibration_record(rows, &tau, pairs.len(), &chosen);
     calibration.rule = format!("combined score: {}", chosen.rule.replace('τ', "threshold"));
@@ -92,9 +109,27 @@ pub fn calibrate_combined(
         chosen,
         calibration,
         logistic,
+        declines,
         fit_answers: train.len(),
         left_out: left.len(),
     })
+}
+
+/// The logistic of the combined score on `train` (`kind` names them in the error where they
+/// hold one label only).
+fn fit(train: &[&Labelled], kind: &str) -> Result<LogisticModel> {
+    let wrong = train.iter().filter(|l| l.wrong).count();
+    if wrong == 0 || wrong == train.len() {
+        return Err(EvalError::Invalid(format!(
+            "the combined score's {kind} need right and wrong ones to fit on; the fit runs hold \
+             {} ({wrong} wrong) to questions the calibration does not ask",
+            train.len()
+        )));
+    }
+    let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
+    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
+    LogisticModel::fit(&x, &y, COMBINED_L2)
+        .map_err(|e| EvalError::Invalid(format!("fitting the combined score: {e}")))
 }
 
 /// `rows`' rag and lc pairs with P(wrong) from `p_wrong` (given an answer's combined inputs)
@@ -207,8 +242,13 @@ mod tests {
         // The fit runs ask the calibration's first ten questions too, and 60 others.
         let mut fit = rows("q", 10);
         fit.extend(rows("f", 60));
-        let c =
-            calibrate_combined(&calibration, &fit, Rule::Cheapest(Floor::Retained(1.0))).unwrap();
+        let c = calibrate_combined(
+            &calibration,
+            &fit,
+            Rule::Cheapest(Floor::Retained(1.0)),
+            false,
+        )
+        .unwrap();
         assert_eq!((c.fit_answers, c.left_out), (60, 10));
         // Sample agreement tells every wrong answer: reaching LC's accuracy escalates the ten
         // wrong ones and no right one, the right declines included.
@@ -269,7 +309,7 @@ mod tests {
             r.split = Split::Test;
         }
         let rule = Rule::Cheapest(Floor::Retained(0.95));
-        let err = calibrate_combined(&calibration, &test, rule).unwrap_err();
+        let err = calibrate_combined(&calibration, &test, rule, false).unwrap_err();
         assert!(err.to_string().contains("dev only"), "{err}");
         // Answers of another base model cannot be scored alike.
         let mut other = rows("f", 12);
@@ -278,10 +318,56 @@ mod tests {
                 m.tau.model = "qwen2.5-coder-1.5b".into();
             }
         }
-        let err = calibrate_combined(&calibration, &other, rule).unwrap_err();
+        let err = calibrate_combined(&calibration, &other, rule, false).unwrap_err();
         assert!(err.to_string().contains("other settings"), "{err}");
         // Fit runs that only ask the calibration's own questions leave nothing to fit on.
-        let err = calibrate_combined(&calibration, &calibration, rule).unwrap_err();
+        let err = calibrate_combined(&calibration, &calibration, rule, false).unwrap_err();
         assert!(err.to_string().contains("right and wrong"), "{err}");
+    }
+
+    #[test]
+    fn declines_fitted_apart_keep_a_signal_that_means_the_opposite_for_them() {
+        // An answer is wrong where its samples disagree; a decline is wrong where they agree
+        // (the model is sure the context lacks what it holds). One shared slope cannot say both.
+        let fit_rows = |prefix: &str, n: usize| -> Vec<ResultRow> {
+            let mut out = Vec::new();
+            for i in 0..n {
+                let e = format!("{prefix}{i}");
+                let declined = i % 2 == 0;
+                let agree = i % 4 < 2;
+                let wrong = agree == declined;
+                let agreement = if agree { 0.9 } else { 0.1 } + 0.01 * (i % 5) as f32;
+                out.push(rag(&e, !wrong, 0.5, agreement, declined));
+                out.push(row("lc", &e, true, 1_000));
+            }
+            out
+        };
+        let (calibration, fit) = (fit_rows("q", 40), fit_rows("f", 80));
+        let rule = Rule::Cheapest(Floor::Retained(1.0));
+        let apart = calibrate_combined(&calibration, &fit, rule, true).unwrap();
+        let declines = apart.declines.as_ref().expect("a declines' model");
+        let p = |m: &LogisticModel, r: &ResultRow| {
+            let l = labelled([r]);
+            m.predict(&l[0].inputs).unwrap()
+        };
+        // q0: a decline whose samples agree (wrong); q1: an answer whose samples agree (right).
+        let (decline, answer) = (&calibration[0], &calibration[2]);
+        assert!(p(declines, decline) > 0.5 && p(&apart.logistic, answer) < 0.5);
+        // Every wrong answer escalates and no right one: LC's accuracy at the fewest tokens.
+        assert_eq!(apart.chosen.at.accuracy, 1.0);
+        assert!((apart.chosen.at.escalation_rate - 0.5).abs() < 1e-12);
+        let one = calibrate_combined(&calibration, &fit, rule, false).unwrap();
+        assert!(one.declines.is_none());
+        assert!(one.chosen.at.escalation_rate > apart.chosen.at.escalation_rate);
+        // Declines of one label cannot be fitted apart.
+        let all_wrong: Vec<ResultRow> = fit
+            .into_iter()
+            .filter(|r| !(r.answer == UNANSWERABLE && r.score.correct))
+            .collect();
+        let err = calibrate_combined(&calibration, &all_wrong, rule, true).unwrap_err();
+        assert!(
+            err.to_string().contains("declines need right and wrong"),
+            "{err}"
+        );
     }
 }

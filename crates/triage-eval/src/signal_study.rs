@@ -8,7 +8,7 @@ use serde::Serialize;
 use triage_types::auroc;
 use triage_types::linear::MassMeanProbe;
 use triage_types::linear::{FitError, LogisticModel};
-use triage_types::signals::{combined_inputs, COMBINED_INPUTS, COMBINED_L2};
+use triage_types::signals::{combined_inputs, is_decline, COMBINED_INPUTS, COMBINED_L2};
 use triage_types::{ProbeStates, UNANSWERABLE};
 
 use crate::results::ResultRow;
@@ -431,11 +431,7 @@ fn fitted_apart_auroc(
     test: &[Labelled],
     columns: &[usize],
 ) -> Result<Option<f64>, FitError> {
-    let declined = COMBINED_INPUTS
-        .iter()
-        .position(|n| *n == "declined")
-        .expect("the decline is a combined input");
-    let is_decline = |l: &Labelled| l.inputs[declined] > 0.5;
+    let is_decline = |l: &Labelled| is_decline(&l.inputs);
     let fit_kind = |kind: bool| fit_on(train.iter().filter(|l| is_decline(l) == kind), columns);
     match (fit_kind(false)?, fit_kind(true)?) {
         (Some(answers), Some(declines)) => scored_auroc(test, columns, |l| {

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, RouterError};
 use crate::linear::{freeze, thaw, LogisticModel};
 
-use triage_types::signals::COMBINED_L2;
 pub use triage_types::signals::{combined_inputs as inputs, COMBINED_INPUTS as INPUTS};
+use triage_types::signals::{is_decline, COMBINED_L2};
 
 /// The frozen model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,6 +20,11 @@ pub struct CombinedScoreModel {
     pub model_id: String,
     pub inputs: Vec<String>,
     pub logistic: LogisticModel,
+    /// Where answers and declines were fitted apart (a signal may mean the opposite for a
+    /// decline, and one linear score shares every slope): the declines' model, `logistic` then
+    /// being the answers'. Absent: one model for both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declines: Option<LogisticModel>,
     /// Escalate when P(wrong) is at least this.
     pub threshold: f64,
 }
@@ -38,14 +43,20 @@ impl CombinedScore {
                 model_id: model_id.to_string(),
                 inputs: INPUTS.iter().map(|s| s.to_string()).collect(),
                 logistic: LogisticModel::fit(rows, wrong, COMBINED_L2)?,
+                declines: None,
                 threshold,
             },
         })
     }
 
-    /// P(wrong) of one answer.
+    /// P(wrong) of one answer, from the declines' model where it has one and the row is a
+    /// decline.
     pub fn p_wrong(&self, row: &[f32]) -> Result<f64> {
-        Ok(self.model.logistic.predict(row)?)
+        let model = match &self.model.declines {
+            Some(declines) if is_decline(row) => declines,
+            _ => &self.model.logistic,
+        };
+        Ok(model.predict(row)?)
     }
 
     pub fn save(&self, path: &Path) -> Result<String> {
@@ -59,15 +70,18 @@ impl CombinedScore {
     pub fn load(path: &Path) -> Result<Self> {
         let mut model: CombinedScoreModel = thaw(path)?;
         let known = model.inputs.len();
-        let fitted = &model.logistic;
-        let consistent = fitted.weights.len() == known
-            && [
-                &fitted.standardizer.medians,
-                &fitted.standardizer.means,
-                &fitted.standardizer.stds,
-            ]
-            .iter()
-            .all(|v| v.len() == known);
+        let consistent = |fitted: &LogisticModel| {
+            fitted.weights.len() == known
+                && [
+                    &fitted.standardizer.medians,
+                    &fitted.standardizer.means,
+                    &fitted.standardizer.stds,
+                ]
+                .iter()
+                .all(|v| v.len() == known)
+        };
+        let consistent =
+            consistent(&model.logistic) && model.declines.as_ref().is_none_or(consistent);
         if known > INPUTS.len() || model.inputs[..] != INPUTS[..known] || !consistent {
             return Err(RouterError::Invalid(format!(
                 "{} was fitted on the inputs [{}]; this build computes [{}]: refit it with \
@@ -77,15 +91,24 @@ impl CombinedScore {
                 INPUTS.join(", ")
             )));
         }
-        let logistic = &mut model.logistic;
         for name in &INPUTS[known..] {
             model.inputs.push(name.to_string());
-            logistic.weights.push(0.0);
-            logistic.standardizer.medians.push(0.0);
-            logistic.standardizer.means.push(0.0);
-            logistic.standardizer.stds.push(1.0);
+        }
+        unseen_inputs_weigh_nothing(&mut model.logistic);
+        if let Some(declines) = &mut model.declines {
+            unseen_inputs_weigh_nothing(declines);
         }
         Ok(Self { model })
+    }
+}
+
+/// Extends `fitted` to every input this build computes, those it never saw with weight zero.
+fn unseen_inputs_weigh_nothing(fitted: &mut LogisticModel) {
+    for _ in fitted.weights.len()..INPUTS.len() {
+        fitted.weights.push(0.0);
+        fitted.standardizer.medians.push(0.0);
+        fitted.standardizer.means.push(0.0);
+        fitted.standardizer.stds.push(1.0);
     }
 }
 
@@ -117,6 +140,7 @@ mod tests {
             model_id: "m".into(),
             inputs: INPUTS[..known].iter().map(|s| s.to_string()).collect(),
             logistic: LogisticModel::fit(&old_rows, &wrong, COMBINED_L2).unwrap(),
+            declines: None,
             threshold: 0.5,
         };
         CombinedScore { model: old.clone() }.save(&path).unwrap();
@@ -136,5 +160,53 @@ mod tests {
         CombinedScore { model: other }.save(&path).unwrap();
         let err = CombinedScore::load(&path).unwrap_err().to_string();
         assert!(err.contains("refit"), "{err}");
+    }
+
+    #[test]
+    fn a_decline_is_scored_by_the_declines_model_where_there_is_one() {
+        let n = INPUTS.len();
+        let constant = |bias: f64| LogisticModel {
+            standardizer: crate::linear::Standardizer {
+                medians: vec![0.0; n],
+                means: vec![0.0; n],
+                stds: vec![1.0; n],
+            },
+            weights: vec![0.0; n],
+            bias,
+        };
+        let declined = INPUTS.iter().position(|i| *i == "declined").unwrap();
+        let (mut answer, mut decline) = (vec![0.5f32; n], vec![0.5f32; n]);
+        answer[declined] = 0.0;
+        decline[declined] = 1.0;
+        let mut score = CombinedScore {
+            model: CombinedScoreModel {
+                model_id: "m".into(),
+                inputs: INPUTS.iter().map(|s| s.to_string()).collect(),
+                logistic: constant(-3.0),
+                declines: Some(constant(3.0)),
+                threshold: 0.5,
+            },
+        };
+        assert!(score.p_wrong(&answer).unwrap() < 0.1);
+        assert!(score.p_wrong(&decline).unwrap() > 0.9);
+        // A file written before the inputs' last two: both models get them at weight zero.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("apart.json");
+        let mut old = score.model.clone();
+        old.inputs.truncate(n - 2);
+        for m in [Some(&mut old.logistic), old.declines.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            m.weights.truncate(n - 2);
+            m.standardizer.medians.truncate(n - 2);
+            m.standardizer.means.truncate(n - 2);
+            m.standardizer.stds.truncate(n - 2);
+        }
+        CombinedScore { model: old }.save(&path).unwrap();
+        assert_eq!(CombinedScore::load(&path).unwrap().model, score.model);
+        // One model alone scores declines like answers.
+        score.model.declines = None;
+        assert!(score.p_wrong(&decline).unwrap() < 0.1);
     }
 }

@@ -1070,6 +1070,7 @@ fn combined_file(dir: &Path, bias: f64) -> std::path::PathBuf {
             weights: vec![0.0; n],
             bias,
         },
+        declines: None,
         threshold: 0.5,
     };
     let path = dir.join(format!("combined{bias}.json"));

@@ -233,6 +233,16 @@ pub const COMBINED_INPUTS: [&str; 23] = [
     "neg_self_check",
 ];
 
+/// Whether a row of `COMBINED_INPUTS` is a decline (its `declined` input set): where answers
+/// and declines are fitted apart, the row's kind picks its model.
+pub fn is_decline(row: &[f32]) -> bool {
+    let at = COMBINED_INPUTS
+        .iter()
+        .position(|n| *n == "declined")
+        .expect("the decline is a combined input");
+    row.get(at).is_some_and(|&v| v > 0.5)
+}
+
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
 /// training median).
 pub fn combined_inputs(
