@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use triage_types::linear::LogisticModel;
-use triage_types::signals::{is_decline, COMBINED_L2};
+use triage_types::signals::{is_decline, COMBINED_INPUTS};
 use triage_types::Calibration;
 
 use crate::calibrate::{
@@ -19,7 +19,7 @@ use crate::calibrate::{
 };
 use crate::error::{EvalError, Result};
 use crate::results::ResultRow;
-use crate::signal_study::{labelled, Labelled};
+use crate::signal_study::{fit_on, labelled, Labelled};
 use crate::suites::Split;
 use crate::sweep::{rag_lc_pairs, RagLcPair};
 use crate::system::System;
@@ -118,18 +118,17 @@ pub fn calibrate_combined(
 /// The logistic of the combined score on `train` (`kind` names them in the error where they
 /// hold one label only).
 fn fit(train: &[&Labelled], kind: &str) -> Result<LogisticModel> {
-    let wrong = train.iter().filter(|l| l.wrong).count();
-    if wrong == 0 || wrong == train.len() {
-        return Err(EvalError::Invalid(format!(
-            "the combined score's {kind} need right and wrong ones to fit on; the fit runs hold \
-             {} ({wrong} wrong) to questions the calibration does not ask",
-            train.len()
-        )));
-    }
-    let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
-    let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
-    LogisticModel::fit(&x, &y, COMBINED_L2)
-        .map_err(|e| EvalError::Invalid(format!("fitting the combined score: {e}")))
+    let every_input: Vec<usize> = (0..COMBINED_INPUTS.len()).collect();
+    fit_on(train.iter().copied(), &every_input)
+        .map_err(|e| EvalError::Invalid(format!("fitting the combined score: {e}")))?
+        .ok_or_else(|| {
+            let wrong = train.iter().filter(|l| l.wrong).count();
+            EvalError::Invalid(format!(
+                "the combined score's {kind} need right and wrong ones to fit on; the fit runs \
+                 hold {} ({wrong} wrong) to questions the calibration does not ask",
+                train.len()
+            ))
+        })
 }
 
 /// `rows`' rag and lc pairs with P(wrong) from `p_wrong` (given an answer's combined inputs)

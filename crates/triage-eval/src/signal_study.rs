@@ -381,7 +381,7 @@ fn pick(l: &Labelled, columns: &[usize]) -> Vec<f32> {
 }
 
 /// A logistic on `train`'s `columns`; `None` when train holds one label only.
-fn fit_on<'a>(
+pub(crate) fn fit_on<'a>(
     train: impl IntoIterator<Item = &'a Labelled>,
     columns: &[usize],
 ) -> Result<Option<LogisticModel>, FitError> {
