@@ -156,7 +156,8 @@ pub struct CalibrateArgs {
     pub combined_fit: Vec<std::path::PathBuf>,
     /// Fit the combined score as two models, one on the answers and one on the declines (a
     /// signal may mean the opposite for a decline); each answer is then scored by its kind's.
-    /// Needs right and wrong declines among the fit answers (a suite that allows abstaining).
+    /// Needs right and wrong declines among the fit answers (a suite that allows abstaining);
+    /// with --choose-self-route it applies to the setting that offers the decline.
     #[arg(long, requires = "combined_fit")]
     pub combined_apart: bool,
     /// Also answer the dev questions with forced RAG offering Self-Route's decline the other way

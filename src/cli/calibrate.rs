@@ -127,18 +127,19 @@ pub fn calibrate(
     let other_rag = run(&other_config)?.rows;
     let lc = done.rows.iter().filter(|r| r.system == System::Lc).cloned();
     let other_rows: Vec<ResultRow> = other_rag.into_iter().chain(lc).collect();
+    // Without the offer there are no declines to fit apart.
     let mine = candidate(
         &done.rows,
         rule,
         &fit_rows(combined_fit, Some(asked))?,
-        apart,
+        apart && asked,
         asked,
     );
     let theirs = candidate(
         &other_rows,
         rule,
         &fit_rows(combined_fit, Some(!asked))?,
-        apart,
+        apart && !asked,
         !asked,
     );
     let (winner, loser) = match (mine, theirs) {
