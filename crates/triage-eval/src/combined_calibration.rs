@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use triage_types::linear::LogisticModel;
-use triage_types::signals::{is_decline, COMBINED_INPUTS};
+use triage_types::signals::{is_decline, model_for, COMBINED_INPUTS};
 use triage_types::Calibration;
 
 use crate::calibrate::{
@@ -95,11 +95,9 @@ pub fn calibrate_combined(
         (fit(&train.iter().collect::<Vec<_>>(), "answers")?, None)
     };
     let pairs = scored_pairs(rows, |inputs| {
-        let model = match &declines {
-            Some(d) if is_decline(inputs) => d,
-            _ => &logistic,
-        };
-        model.predict(inputs).ok()
+        model_for(inputs, &logistic, declines.as_ref())
+            .predict(inputs)
+            .ok()
     })?;
     let chosen = choose(&pairs, rule)?;
     let mut calibration = calibration_record(rows, &tau, pairs.len(), &chosen);

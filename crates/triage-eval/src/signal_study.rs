@@ -8,7 +8,7 @@ use serde::Serialize;
 use triage_types::auroc;
 use triage_types::linear::MassMeanProbe;
 use triage_types::linear::{FitError, LogisticModel};
-use triage_types::signals::{combined_inputs, is_decline, COMBINED_INPUTS, COMBINED_L2};
+use triage_types::signals::{combined_inputs, is_decline, model_for, COMBINED_INPUTS, COMBINED_L2};
 use triage_types::{ProbeStates, UNANSWERABLE};
 
 use crate::results::ResultRow;
@@ -435,11 +435,7 @@ fn fitted_apart_auroc(
     let fit_kind = |kind: bool| fit_on(train.iter().filter(|l| is_decline(l) == kind), columns);
     match (fit_kind(false)?, fit_kind(true)?) {
         (Some(answers), Some(declines)) => scored_auroc(test, columns, |l| {
-            if is_decline(l) {
-                &declines
-            } else {
-                &answers
-            }
+            model_for(&l.inputs, &answers, Some(&declines))
         }),
         _ => Ok(None),
     }

@@ -11,7 +11,7 @@ use crate::error::{Result, RouterError};
 use crate::linear::{freeze, thaw, LogisticModel};
 
 pub use triage_types::signals::{combined_inputs as inputs, COMBINED_INPUTS as INPUTS};
-use triage_types::signals::{is_decline, COMBINED_L2};
+use triage_types::signals::{model_for, COMBINED_L2};
 
 /// The frozen model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,10 +52,7 @@ impl CombinedScore {
     /// P(wrong) of one answer, from the declines' model where it has one and the row is a
     /// decline.
     pub fn p_wrong(&self, row: &[f32]) -> Result<f64> {
-        let model = match &self.model.declines {
-            Some(declines) if is_decline(row) => declines,
-            _ => &self.model.logistic,
-        };
+        let model = model_for(row, &self.model.logistic, self.model.declines.as_ref());
         Ok(model.predict(row)?)
     }
 

@@ -243,6 +243,15 @@ pub fn is_decline(row: &[f32]) -> bool {
     row.get(at).is_some_and(|&v| v > 0.5)
 }
 
+/// The model that scores `row` where answers and declines may be fitted apart: the declines'
+/// where there is one and the row is a decline, else the answers' (or the only one).
+pub fn model_for<'m, M>(row: &[f32], answers: &'m M, declines: Option<&'m M>) -> &'m M {
+    match declines {
+        Some(declines) if is_decline(row) => declines,
+        _ => answers,
+    }
+}
+
 /// One RAG answer's combined-score inputs (NaN where a value is missing; the model imputes the
 /// training median).
 pub fn combined_inputs(
