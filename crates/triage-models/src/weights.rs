@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file, gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use triage_ops::{KQuantMatrix, KQuantType, Q8Matrix};
+use triage_ops::{GgmlBlockType, KQuantMatrix, KQuantType, Q8Matrix};
 
 use crate::{ModelError, Result};
 
@@ -42,10 +42,17 @@ impl PackedMatrix {
             let m = KQuantMatrix::from_ggml_bytes(ty, rows, cols, bytes)?;
             Ok(PackedMatrix::KQuant(Arc::new(m)))
         };
+        let q8 = |ty| -> Result<PackedMatrix> {
+            let m = Q8Matrix::from_ggml_blocks(ty, rows, cols, bytes)?;
+            Ok(PackedMatrix::Q8(Arc::new(m)))
+        };
         Ok(Some(match dtype {
-            GgmlDType::Q8_0 => {
-                PackedMatrix::Q8(Arc::new(Q8Matrix::from_ggml_bytes(rows, cols, bytes)?))
-            }
+            GgmlDType::Q8_0 => q8(GgmlBlockType::Q8_0)?,
+            // Held as int8 values of the same blocks, without loss (`GgmlBlockType`).
+            GgmlDType::Q4_0 => q8(GgmlBlockType::Q4_0)?,
+            GgmlDType::Q4_1 => q8(GgmlBlockType::Q4_1)?,
+            GgmlDType::Q5_0 => q8(GgmlBlockType::Q5_0)?,
+            GgmlDType::Q5_1 => q8(GgmlBlockType::Q5_1)?,
             GgmlDType::Q4K => kquant(KQuantType::Q4K)?,
             GgmlDType::Q6K => kquant(KQuantType::Q6K)?,
             _ => return Ok(None),
@@ -520,6 +527,17 @@ mod tests {
     }
 
     /// A tiny Qwen2 GGUF whose matrices are `dtype`, opened as a weight source.
+    /// Every GGUF matrix type triage's CPU kernels hold.
+    const PACKED_TYPES: [GgmlDType; 7] = [
+        GgmlDType::Q8_0,
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q4K,
+        GgmlDType::Q6K,
+    ];
+
     fn tiny_source(dir: &Path, dtype: GgmlDType) -> WeightSource {
         use crate::config::Architecture;
         use crate::fixtures::{write_tiny_gguf, TinySpec};
@@ -573,7 +591,7 @@ mod tests {
     /// fused product then gives each part's bits, as `FusedLinear::new` promises.
     #[test]
     fn parts_read_stacked_pack_to_the_parts_stacked() {
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in PACKED_TYPES {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut source = tiny_source(dir.path(), dtype);
             let names: Vec<String> = ["attn_q", "attn_k", "attn_v"]
@@ -640,7 +658,7 @@ mod tests {
     /// an id past the table is an error.
     #[test]
     fn packed_embedding_rows_are_the_dequantized_table_rows() {
-        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in PACKED_TYPES {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut source = tiny_source(dir.path(), dtype);
             let Weight::Packed(packed) = source

@@ -29,4 +29,6 @@ pub use logits_reduce::{
     logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
     LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
 };
-pub use q8_matmul::{q8_matmul, q8_matmul_quantized, q8_matmul_slow, Q8Kernel, Q8Matrix, Q8Rows};
+pub use q8_matmul::{
+    q8_matmul, q8_matmul_quantized, q8_matmul_slow, GgmlBlockType, Q8Kernel, Q8Matrix, Q8Rows,
+};

@@ -10,6 +10,10 @@
 //! integer dot product, then `acc = fma(dot, w_scale · a_scale, acc)`. A row gives the same bits
 //! alone as in a batch of 16 (the engine's batched == alone equivalence relies on it), and every
 //! kernel, the portable loop included, gives the same bits.
+//!
+//! GGML's 4- and 5-bit blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1) are held as int8 values of the
+//! same blocks, without loss. Those with a min per block (`d · q + m`) add `Σ m · Σa` after the
+//! kernels' products (`mins`), one order for every kernel.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -18,18 +22,19 @@ use crate::{OpsError, Result};
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod cpu;
+mod ggml_blocks;
 mod matrix;
+mod mins;
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use ggml_blocks::GgmlBlockType;
 pub use matrix::Q8Matrix;
 pub use rows::Q8Rows;
 
 /// Values per Q8_0 block.
 pub const QK8_0: usize = 32;
-/// Bytes of one GGML Q8_0 block: an f16 scale, then 32 int8 values.
-const GGML_BLOCK_BYTES: usize = 2 + QK8_0;
 /// Weight rows per parallel task: 4 groups; 64 rows of a 4,864-wide matrix (311 KiB) stay in L2
 /// while the activation rows stream past them, and a decode step's task streams 4 groups at once.
 const TASK_ROWS: usize = 64;
@@ -183,7 +188,10 @@ pub fn q8_matmul_quantized(a: &Q8Rows, w: &Q8Matrix, kernel: Q8Kernel) -> Result
         ROW_CHUNK,
         crate::pool::TileLayout::RowMajor,
         |w0, num_w, a0, num_a, tile| {
-            cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, tile, TASK_ROWS)
+            cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, tile, TASK_ROWS);
+            if let Some(mins) = &w.mins {
+                mins::add(w, mins, w0, num_w, a, a0, num_a, tile, TASK_ROWS);
+            }
         },
     ))
 }

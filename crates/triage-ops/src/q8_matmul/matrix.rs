@@ -2,9 +2,11 @@
 //! for each group and block, the 16 rows' first 4 values, then their next 4, and so on (so one
 //! 64-byte load feeds `vpdpbusd` 16 rows' worth of 4-value dot products). Spans of 4 groups (64
 //! rows, a parallel task) are interleaved block by block, so that a decode step, which runs a
-//! span's 4 groups at once, reads its weights as one linear stream.
+//! span's 4 groups at once, reads its weights as one linear stream. GGML's 4- and 5-bit blocks of
+//! 32 are held the same way, losslessly (`ggml_blocks`), with their mins beside the scales.
 
-use super::{check_cols, GGML_BLOCK_BYTES, QK8_0};
+use super::ggml_blocks::{Block, GgmlBlockType};
+use super::{check_cols, QK8_0};
 use crate::{OpsError, Result};
 
 /// Weight rows interleaved together: one 512-bit register of int32 lanes.
@@ -31,26 +33,37 @@ pub struct Q8Matrix {
     pub(super) scales: Vec<f32>,
     /// `[spans, cols / 32, 4, 8, 16, 4]`: span, block, group, step, row, value.
     pub(super) quants: Vec<i8>,
+    /// Each block's min, laid out as `scales`, for types whose values are `d · q + m` (Q4_1,
+    /// Q5_1); `None` where every min is 0.
+    pub(super) mins: Option<Vec<f32>>,
 }
 
 impl Q8Matrix {
     /// From GGML's Q8_0 bytes (`rows * cols / 32` blocks of 34 bytes), e.g. a GGUF tensor.
     pub fn from_ggml_bytes(rows: usize, cols: usize, bytes: &[u8]) -> Result<Self> {
+        Self::from_ggml_blocks(GgmlBlockType::Q8_0, rows, cols, bytes)
+    }
+
+    /// From GGML's bytes of `ty` (`rows * cols / 32` blocks), e.g. a GGUF tensor. Every type is
+    /// held without loss, so products and dequantized values are those of the file's weights.
+    pub fn from_ggml_blocks(
+        ty: GgmlBlockType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self> {
         check_cols(cols)?;
-        let kb = cols / QK8_0;
-        let needed = rows * kb * GGML_BLOCK_BYTES;
+        let (kb, block_bytes) = (cols / QK8_0, ty.block_bytes());
+        let needed = rows * kb * block_bytes;
         if bytes.len() != needed {
             return Err(OpsError::InvalidArgument(format!(
-                "Q8_0 [{rows}, {cols}] needs {needed} bytes, got {}",
+                "{ty:?} [{rows}, {cols}] needs {needed} bytes, got {}",
                 bytes.len()
             )));
         }
-        let row_bytes = kb * GGML_BLOCK_BYTES;
-        Ok(Self::pack(rows, cols, |row, b| {
-            let block = &bytes[row * row_bytes + b * GGML_BLOCK_BYTES..][..GGML_BLOCK_BYTES];
-            let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-            let values: &[u8; QK8_0] = block[2..].try_into().expect("a block holds 32 values");
-            (d, values.map(|v| v as i8))
+        let row_bytes = kb * block_bytes;
+        Ok(Self::pack(rows, cols, ty.has_mins(), |row, b| {
+            ty.read(&bytes[row * row_bytes + b * block_bytes..][..block_bytes])
         }))
     }
 
@@ -64,16 +77,17 @@ impl Q8Matrix {
                 values.len()
             )));
         }
-        Ok(Self::pack(rows, cols, |row, b| {
+        Ok(Self::pack(rows, cols, false, |row, b| {
             let mut quants = [0i8; QK8_0];
             let x = &values[row * cols + b * QK8_0..][..QK8_0];
-            (super::quantize_block(x, &mut quants), quants)
+            let d = super::quantize_block(x, &mut quants);
+            Block { d, m: 0.0, quants }
         }))
     }
 
     /// The rows of `parts`, one matrix after the other (e.g. Q, K and V projections run as one
     /// product). Each output element keeps its own accumulator, so the stacked product gives
-    /// every part's bits.
+    /// every part's bits. Parts may mix types: one without mins has mins of 0 in the stack.
     pub fn stack_rows(parts: &[&Q8Matrix]) -> Result<Self> {
         let cols = parts.first().map_or(0, |p| p.cols);
         if let Some(bad) = parts.iter().find(|p| p.cols != cols) {
@@ -87,7 +101,8 @@ impl Q8Matrix {
             .iter()
             .flat_map(|p| (0..p.rows).map(move |r| (*p, r)))
             .collect();
-        Ok(Self::pack(owners.len(), cols, |row, b| {
+        let with_mins = parts.iter().any(|p| p.mins.is_some());
+        Ok(Self::pack(owners.len(), cols, with_mins, |row, b| {
             let (part, r) = owners[row];
             part.block(r, b)
         }))
@@ -101,7 +116,8 @@ impl Q8Matrix {
         self.cols
     }
 
-    /// The matrix as f32 (scale times value).
+    /// The matrix as f32 (scale times value, plus the min where the type has one), as GGML
+    /// dequantizes its blocks.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
         for (row, values) in out.chunks_exact_mut(self.cols).enumerate() {
@@ -114,15 +130,18 @@ impl Q8Matrix {
     /// embedding lookup in a table kept in Q8_0.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         for (b, out) in out.chunks_exact_mut(QK8_0).enumerate() {
-            let (d, quants) = self.block(row, b);
+            let Block { d, m, quants } = self.block(row, b);
             for (o, &v) in out.iter_mut().zip(&quants) {
                 *o = d * v as f32;
+                if self.mins.is_some() {
+                    *o += m;
+                }
             }
         }
     }
 
-    /// Block `b` of row `row`: its scale and 32 values.
-    pub(super) fn block(&self, row: usize, b: usize) -> (f32, [i8; QK8_0]) {
+    /// Block `b` of row `row`: its scale, min and 32 values.
+    pub(super) fn block(&self, row: usize, b: usize) -> Block {
         let (group, lane) = (row / GROUP_ROWS, row % GROUP_ROWS);
         let unit = self.group_block(group, b);
         let at = unit * GROUP_BLOCK_BYTES + lane * LANE_VALUES;
@@ -130,7 +149,13 @@ impl Q8Matrix {
             let (step, k) = (i / LANE_VALUES, i % LANE_VALUES);
             self.quants[at + step * GROUP_ROWS * LANE_VALUES + k]
         });
-        (self.scales[unit * GROUP_ROWS + lane], quants)
+        let at = unit * GROUP_ROWS + lane;
+        let m = self.mins.as_ref().map_or(0.0, |mins| mins[at]);
+        Block {
+            d: self.scales[at],
+            m,
+            quants,
+        }
     }
 
     /// Where block `b` of group `group` starts, in group blocks: its values at
@@ -141,24 +166,30 @@ impl Q8Matrix {
         (group / SPAN_GROUPS * kb + b) * SPAN_GROUPS + group % SPAN_GROUPS
     }
 
-    /// Lays out `rows` rows whose block `b` of row `row` is `block(row, b)` (`cols` checked).
-    /// Loading a model is mostly this and the page faults of its fresh memory, so spans are
-    /// spread over the pool.
-    fn pack<F>(rows: usize, cols: usize, block: F) -> Self
+    /// Lays out `rows` rows whose block `b` of row `row` is `block(row, b)` (`cols` checked),
+    /// keeping the mins if `with_mins`. Loading a model is mostly this and the page faults of its
+    /// fresh memory, so spans are spread over the pool.
+    fn pack<F>(rows: usize, cols: usize, with_mins: bool, block: F) -> Self
     where
-        F: Fn(usize, usize) -> (f32, [i8; QK8_0]) + Sync,
+        F: Fn(usize, usize) -> Block + Sync,
     {
         let kb = cols / QK8_0;
         let span_blocks = kb * SPAN_GROUPS;
         let units = rows.div_ceil(SPAN_ROWS) * span_blocks;
         let mut scales = vec![0f32; units * GROUP_ROWS];
         let mut quants = vec![0i8; units * GROUP_BLOCK_BYTES];
-        let mut spans: Vec<(&mut [f32], &mut [i8])> = scales
+        let mut mins = vec![0f32; if with_mins { scales.len() } else { 0 }];
+        // Each span's part of `mins`; empty for every span without them.
+        let mut span_mins: Vec<&mut [f32]> = mins.chunks_mut(span_blocks * GROUP_ROWS).collect();
+        span_mins.resize_with(units / span_blocks, Default::default);
+        let mut spans: Vec<(&mut [f32], &mut [i8], &mut [f32])> = scales
             .chunks_mut(span_blocks * GROUP_ROWS)
             .zip(quants.chunks_mut(span_blocks * GROUP_BLOCK_BYTES))
+            .zip(span_mins)
+            .map(|((s, q), m)| (s, q, m))
             .collect();
         crate::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
-            let (scales, quants) = &mut chunk[0];
+            let (scales, quants, mins) = &mut chunk[0];
             let group_blocks = scales
                 .chunks_exact_mut(GROUP_ROWS)
                 .zip(quants.chunks_exact_mut(GROUP_BLOCK_BYTES));
@@ -167,8 +198,15 @@ impl Q8Matrix {
                 let first = group * GROUP_ROWS;
                 let present = GROUP_ROWS.min(rows.saturating_sub(first));
                 for (lane, scale) in scales.iter_mut().enumerate().take(present) {
-                    let (d, values) = block(first + lane, b);
+                    let Block {
+                        d,
+                        m,
+                        quants: values,
+                    } = block(first + lane, b);
                     *scale = d;
+                    if let Some(min) = mins.get_mut(unit * GROUP_ROWS + lane) {
+                        *min = m;
+                    }
                     for (step, four) in values.chunks_exact(LANE_VALUES).enumerate() {
                         let at = (step * GROUP_ROWS + lane) * LANE_VALUES;
                         quants[at..at + LANE_VALUES].copy_from_slice(four);
@@ -181,6 +219,7 @@ impl Q8Matrix {
             cols,
             scales,
             quants,
+            mins: with_mins.then_some(mins),
         }
     }
 }

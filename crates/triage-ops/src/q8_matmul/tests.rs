@@ -17,6 +17,23 @@ fn acts(rows: usize, cols: usize, seed: u32) -> Q8Rows {
     Q8Rows::quantize(rows, cols, &values(rows, cols, seed)).unwrap()
 }
 
+/// `rows` rows of GGML `ty` blocks with pseudo-random values, scales in ±1/64 and mins in ±1/8.
+fn ggml_weights(ty: GgmlBlockType, rows: usize, cols: usize, seed: u32) -> Q8Matrix {
+    let n = rows * cols / QK8_0 * ty.block_bytes();
+    let noise = values(1, n, seed);
+    let mut bytes: Vec<u8> = noise.iter().map(|v| ((v + 0.5) * 255.0) as u8).collect();
+    for (block, noise) in bytes
+        .chunks_exact_mut(ty.block_bytes())
+        .zip(noise.chunks_exact(ty.block_bytes()))
+    {
+        block[0..2].copy_from_slice(&half::f16::from_f32(noise[0] / 32.0).to_le_bytes());
+        if ty.has_mins() {
+            block[2..4].copy_from_slice(&half::f16::from_f32(noise[1] / 4.0).to_le_bytes());
+        }
+    }
+    Q8Matrix::from_ggml_blocks(ty, rows, cols, &bytes).unwrap()
+}
+
 /// Each product from the blocks' values, in f64: what every kernel approximates.
 fn exact(a: &Q8Rows, w: &Q8Matrix) -> Vec<f64> {
     let kb = w.cols() / QK8_0;
@@ -25,9 +42,14 @@ fn exact(a: &Q8Rows, w: &Q8Matrix) -> Vec<f64> {
         for r in 0..w.rows() {
             let mut sum = 0f64;
             for b in 0..kb {
-                let ((da, qa), (dw, qw)) = (a.block(i, b), w.block(r, b));
-                let dot: i32 = qa.iter().zip(&qw).map(|(&x, &y)| x as i32 * y as i32).sum();
-                sum += da as f64 * dw as f64 * dot as f64;
+                let ((da, qa), wb) = (a.block(i, b), w.block(r, b));
+                let dot: i32 = qa
+                    .iter()
+                    .zip(&wb.quants)
+                    .map(|(&x, &y)| x as i32 * y as i32)
+                    .sum();
+                let sum_a: i32 = qa.iter().map(|&x| x as i32).sum();
+                sum += da as f64 * (wb.d as f64 * dot as f64 + wb.m as f64 * sum_a as f64);
             }
             out.push(sum);
         }
@@ -89,6 +111,70 @@ fn a_row_gets_the_same_bits_alone_as_in_a_batch_with_every_kernel() {
             }
         }
     }
+}
+
+#[test]
+fn every_ggml_block_type_gives_its_product_with_every_kernel_alone_and_in_a_batch() {
+    // 70 activation rows (a chunk of 64 and a short tile), 90 weight rows (a short last group),
+    // 160 columns (5 blocks).
+    let (n, k, m) = (90, 160, 70);
+    let x = values(m, k, 31);
+    let a = Q8Rows::quantize(m, k, &x).unwrap();
+    for ty in [
+        GgmlBlockType::Q4_0,
+        GgmlBlockType::Q4_1,
+        GgmlBlockType::Q5_0,
+        GgmlBlockType::Q5_1,
+    ] {
+        let w = ggml_weights(ty, n, k, 17);
+        assert_eq!(w.mins.is_some(), ty.has_mins());
+        let portable = q8_matmul_quantized(&a, &w, Q8Kernel::Portable).unwrap();
+        for (p, e) in portable.iter().zip(exact(&a, &w)) {
+            assert!(
+                (*p as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                "{ty:?}: {p} vs {e}"
+            );
+        }
+        for &kernel in Q8Kernel::available() {
+            let batch = q8_matmul_quantized(&a, &w, kernel).unwrap();
+            assert_eq!(batch, portable, "{ty:?}, {kernel:?}");
+            for row in [0, 8, 69] {
+                let one = Q8Rows::quantize(1, k, &x[row * k..(row + 1) * k]).unwrap();
+                let alone = q8_matmul_quantized(&one, &w, kernel).unwrap();
+                assert_eq!(
+                    alone,
+                    batch[row * n..(row + 1) * n],
+                    "{ty:?}, {kernel:?}, {row}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stack_of_types_with_and_without_mins_is_its_parts_side_by_side() {
+    let (top, bottom) = (
+        ggml_weights(GgmlBlockType::Q5_0, 21, 64, 5),
+        ggml_weights(GgmlBlockType::Q4_1, 30, 64, 6),
+    );
+    let a = acts(9, 64, 7);
+    let stacked = Q8Matrix::stack_rows(&[&top, &bottom]).unwrap();
+    let kernel = Q8Kernel::best();
+    let (t, b) = (
+        q8_matmul_quantized(&a, &top, kernel).unwrap(),
+        q8_matmul_quantized(&a, &bottom, kernel).unwrap(),
+    );
+    let both = q8_matmul_quantized(&a, &stacked, kernel).unwrap();
+    for row in 0..9 {
+        assert_eq!(both[row * 51..row * 51 + 21], t[row * 21..row * 21 + 21]);
+        assert_eq!(
+            both[row * 51 + 21..row * 51 + 51],
+            b[row * 30..row * 30 + 30]
+        );
+    }
+    let mut dense = stacked.dequantize();
+    dense.truncate(21 * 64);
+    assert_eq!(dense, top.dequantize());
 }
 
 #[test]
