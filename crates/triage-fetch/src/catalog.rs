@@ -47,7 +47,7 @@ pub struct CatalogFile {
     pub members: &'static [&'static str],
     /// Size in bytes of the concatenation.
     pub size: u64,
-    /// sha256 (lowercase hex) of the concatenation, before any re-quantization.
+    /// sha256 (lowercase hex) of the concatenation: the installed file.
     pub sha256: &'static str,
 }
 
@@ -60,9 +60,6 @@ pub struct CatalogEntry {
     pub packages: &'static [&'static str],
     pub files: &'static [CatalogFile],
     pub format: Format,
-    /// Rewrite tensors without a fast CPU path to Q8_0 (see
-    /// `triage_models::requantize::is_slow_on_cpu`). Done only when the file has such tensors.
-    pub requantize: bool,
 }
 
 impl CatalogEntry {
@@ -129,7 +126,6 @@ pub static CATALOG: &[CatalogEntry] = &[
             sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         }],
         format: Format::Gguf,
-        requantize: true,
     },
     CatalogEntry {
         name: "qwen2.5-coder-1.5b",
@@ -189,7 +185,6 @@ pub static CATALOG: &[CatalogEntry] = &[
             sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         }],
         format: Format::Gguf,
-        requantize: true,
     },
     CatalogEntry {
         name: "smollm2-135m",
@@ -202,7 +197,6 @@ pub static CATALOG: &[CatalogEntry] = &[
             sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         }],
         format: Format::Gguf,
-        requantize: true,
     },
     CatalogEntry {
         name: "minilm-l6",
@@ -273,7 +267,6 @@ pub static CATALOG: &[CatalogEntry] = &[
             ),
         ],
         format: Format::SafetensorsDir,
-        requantize: false,
     },
     CatalogEntry {
         name: "long-context-eval",
@@ -300,7 +293,6 @@ pub static CATALOG: &[CatalogEntry] = &[
             ),
         ],
         format: Format::Json,
-        requantize: false,
     },
 ];
 
@@ -324,7 +316,6 @@ mod tests {
                     .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
                 assert!(f.size > 0 && !f.members.is_empty());
             }
-            assert!(!e.requantize || e.format == Format::Gguf, "{}", e.name);
             assert!(
                 e.packages.iter().all(|p| p.contains("==")),
                 "{}: pin every package",

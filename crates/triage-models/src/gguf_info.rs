@@ -68,16 +68,6 @@ impl GgufInfo {
     pub fn quantization_summary(&self) -> String {
         format_type_counts(&self.tensor_types)
     }
-
-    /// Number of tensors whose type has no fast CPU matmul in candle (see
-    /// [`crate::requantize::is_slow_on_cpu`]).
-    pub fn num_slow_tensors(&self) -> usize {
-        self.tensor_types
-            .iter()
-            .filter(|(t, _)| crate::requantize::is_slow_on_cpu(*t))
-            .map(|(_, n)| n)
-            .sum()
-    }
 }
 
 impl std::fmt::Display for GgufInfo {
@@ -341,7 +331,6 @@ mod tests {
             info.file_size,
             std::fs::metadata(&path).expect("stat").len()
         );
-        assert_eq!(info.num_slow_tensors(), 0);
     }
 
     #[test]

@@ -18,7 +18,6 @@ pub mod model;
 pub mod paged_kv_cache;
 pub mod paths;
 pub mod qwen2;
-pub mod requantize;
 pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
