@@ -12,6 +12,10 @@ the venv at /tmp/venv-ref). For each fixed prompt (raw text, no chat template) i
     the values at 256 fixed ids (a seeded random subset of the vocabulary) for a max-abs-diff check.
 K/V cache: f32 (type_k=type_v=GGML_TYPE_F32), as triage's. Threads: 2; context: 2048; one sequence, evaluated in one batch per prompt then one token a step.
 
+The committed files were made 2026-12-05 from the models as `triage models fetch` installs them
+(as shipped), with llama-cpp-python built for AVX-512/VNNI/BF16 as benches/e2e_vs_llamacpp.py
+describes.
+
 Usage, from the repository root:
     /tmp/venv-ref/bin/python scripts/golden/make_llamacpp_golden.py PATH/TO/model.gguf NAME
 writes tests/golden/llamacpp_NAME.json (`--out` to write elsewhere).

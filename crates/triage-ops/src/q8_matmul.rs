@@ -105,7 +105,7 @@ impl Q8Kernel {
 }
 
 /// GGML's `quantize_row_q8_0` on one block of 32 values: `x` into `quants`; returns the scale
-/// (rounded to f16, as GGML stores it).
+/// before GGML rounds it to f16 to store it (`to_f16` does that).
 fn quantize_block(x: &[f32], quants: &mut [i8; QK8_0]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
@@ -113,7 +113,12 @@ fn quantize_block(x: &[f32], quants: &mut [i8; QK8_0]) -> f32 {
     for (q, v) in quants.iter_mut().zip(x) {
         *q = round_half_away(v * inv) as i8;
     }
-    half::f16::from_f32(d).to_f32()
+    d
+}
+
+/// `x` rounded to f16, as GGML stores a block's scale.
+fn to_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
 /// `x.round()` (C's `roundf`: halves away from zero) for |x| < 2^31, written with a truncating
@@ -196,7 +201,9 @@ pub fn q8_matmul_quantized(a: &Q8Rows, w: &Q8Matrix, kernel: Q8Kernel) -> Result
     ))
 }
 
-/// Reference: the same quantization written with basic tensor ops, then a plain f32 matmul.
+/// Reference: the same quantization written with basic tensor ops, then a plain f32 matmul; for
+/// weights with mins, the `d · q` part so, plus the activation blocks' f16-rounded sums (GGML's
+/// Q8_1) times the mins.
 pub fn q8_matmul_slow(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
     let (m, k) = x.dims2()?;
     let blocks = x.to_dtype(DType::F32)?.reshape((m, k / QK8_0, QK8_0))?;
@@ -207,8 +214,20 @@ pub fn q8_matmul_slow(x: &Tensor, w: &Q8Matrix) -> Result<Tensor> {
     let q = blocks.broadcast_mul(&safe.recip()?)?.round()?;
     let scale = d.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
     let xq = q.broadcast_mul(&scale)?.reshape((m, k))?;
-    let wf = Tensor::from_vec(w.dequantize(), (w.rows(), w.cols()), x.device())?;
-    Ok(xq.matmul(&wf.t()?)?)
+    let (n, kb) = (w.rows(), k / QK8_0);
+    let blocks_of_w = (0..n).flat_map(|r| (0..kb).map(move |b| w.block(r, b)));
+    let (scaled, mins): (Vec<[f32; QK8_0]>, Vec<f32>) = blocks_of_w
+        .map(|blk| (blk.quants.map(|v| blk.d * v as f32), blk.m))
+        .unzip();
+    let wf = Tensor::from_vec(scaled.concat(), (n, k), x.device())?;
+    let out = xq.matmul(&wf.t()?)?;
+    if w.mins.is_none() {
+        return Ok(out);
+    }
+    let sums = q.sum(2)?.mul(&d.squeeze(2)?)?;
+    let sums = sums.to_dtype(DType::F16)?.to_dtype(DType::F32)?;
+    let mins = Tensor::from_vec(mins, (n, kb), x.device())?;
+    Ok((out + sums.matmul(&mins.t()?)?)?)
 }
 
 #[cfg(test)]

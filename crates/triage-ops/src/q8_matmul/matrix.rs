@@ -80,7 +80,7 @@ impl Q8Matrix {
         Ok(Self::pack(rows, cols, false, |row, b| {
             let mut quants = [0i8; QK8_0];
             let x = &values[row * cols + b * QK8_0..][..QK8_0];
-            let d = super::quantize_block(x, &mut quants);
+            let d = super::to_f16(super::quantize_block(x, &mut quants));
             Block { d, m: 0.0, quants }
         }))
     }

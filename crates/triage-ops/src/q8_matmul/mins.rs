@@ -1,6 +1,7 @@
 //! The min term of weights whose values are `d · q + m` (Q4_1, Q5_1): per output, the kernels'
 //! product of the `d · q` part, plus `Σ_b m_b · s_b` with `s_b = d_a · Σ q_a` the activation
-//! block's quantized sum (what GGML's Q8_1 blocks carry), summed from block 0 as plain f32
+//! block's quantized sum rounded to f16 (what GGML's Q8_1 blocks carry, and llama.cpp's
+//! `vec_dot_q4_1_q8_1` also adds apart from the integer sums), summed from block 0 as plain f32
 //! multiplies and adds. It is the same code for every kernel and for a row alone or in a batch,
 //! so `q8_matmul`'s bit-for-bit agreements hold for these types too.
 
@@ -27,16 +28,10 @@ pub(super) fn add(
     for row in a0..a0 + num_a {
         let (tile, i) = (row / TILE_ROWS, row % TILE_ROWS);
         let (na, (_, s0)) = (a.tile_rows(tile), a.tile_start(tile));
-        let sums: Vec<f32> = (0..kb)
-            .map(|b| {
-                // `offsets` holds −128 · Σ q exactly.
-                let sum_q = a.offsets[s0 + b * na + i] / -128;
-                a.scales[s0 + b * na + i] * sum_q as f32
-            })
-            .collect();
         for g in groups.clone() {
             let mut acc = [0f32; GROUP_ROWS];
-            for (b, &s) in sums.iter().enumerate() {
+            for b in 0..kb {
+                let s = a.sums[s0 + b * na + i];
                 let m = &mins[w.group_block(g, b) * GROUP_ROWS..][..GROUP_ROWS];
                 for (acc, &m) in acc.iter_mut().zip(m) {
                     *acc += m * s;

@@ -21,6 +21,17 @@ pub struct Q8Rows {
     /// −128 · Σ values of each block, laid out as `scales`: what an unsigned view of the weights
     /// (offset by 128, as `vpdpbusd` takes them) adds to a dot product, subtracted up front.
     pub(super) offsets: Vec<i32>,
+    /// Each block's `d · Σ values` rounded to f16, laid out as `scales`: the sum GGML's Q8_1
+    /// blocks carry, which the min term of Q4_1 and Q5_1 weights multiplies (`mins`).
+    pub(super) sums: Vec<f32>,
+}
+
+/// One tile's part of each of `Q8Rows`' buffers, filled on a worker of its own.
+struct TileParts<'a> {
+    quants: &'a mut [i8],
+    scales: &'a mut [f32],
+    offsets: &'a mut [i32],
+    sums: &'a mut [f32],
 }
 
 impl Q8Rows {
@@ -40,29 +51,38 @@ impl Q8Rows {
         let mut quants = vec![0i8; tiles * kb * TILE_ROWS * QK8_0];
         let mut scales = vec![0f32; tiles * kb * TILE_ROWS];
         let mut offsets = vec![0i32; tiles * kb * TILE_ROWS];
-        let mut by_tile: Vec<(&mut [i8], &mut [f32], &mut [i32])> = quants
+        let mut sums = vec![0f32; tiles * kb * TILE_ROWS];
+        let mut by_tile: Vec<TileParts> = quants
             .chunks_mut(kb * TILE_ROWS * QK8_0)
             .zip(scales.chunks_mut(kb * TILE_ROWS))
             .zip(offsets.chunks_mut(kb * TILE_ROWS))
-            .map(|((q, d), o)| (q, d, o))
+            .zip(sums.chunks_mut(kb * TILE_ROWS))
+            .map(|(((quants, scales), offsets), sums)| TileParts {
+                quants,
+                scales,
+                offsets,
+                sums,
+            })
             .collect();
-        let fill =
-            |tile: usize, (quants, scales, offsets): &mut (&mut [i8], &mut [f32], &mut [i32])| {
-                let first = tile * TILE_ROWS;
-                let num = TILE_ROWS.min(rows - first);
-                for i in 0..num {
-                    let row = &values[(first + i) * cols..][..cols];
-                    for (b, x) in row.chunks_exact(QK8_0).enumerate() {
-                        let mut block = [0i8; QK8_0];
-                        scales[b * num + i] = super::quantize_block(x, &mut block);
-                        offsets[b * num + i] = -128 * block.iter().map(|&v| v as i32).sum::<i32>();
-                        for (step, four) in block.chunks_exact(LANE_VALUES).enumerate() {
-                            let at = ((b * BLOCK_STEPS + step) * num + i) * LANE_VALUES;
-                            quants[at..at + LANE_VALUES].copy_from_slice(four);
-                        }
+        let fill = |tile: usize, parts: &mut TileParts| {
+            let first = tile * TILE_ROWS;
+            let num = TILE_ROWS.min(rows - first);
+            for i in 0..num {
+                let row = &values[(first + i) * cols..][..cols];
+                for (b, x) in row.chunks_exact(QK8_0).enumerate() {
+                    let mut block = [0i8; QK8_0];
+                    let d = super::quantize_block(x, &mut block);
+                    let sum: i32 = block.iter().map(|&v| v as i32).sum();
+                    parts.scales[b * num + i] = super::to_f16(d);
+                    parts.offsets[b * num + i] = -128 * sum;
+                    parts.sums[b * num + i] = super::to_f16(sum as f32 * d);
+                    for (step, four) in block.chunks_exact(LANE_VALUES).enumerate() {
+                        let at = ((b * BLOCK_STEPS + step) * num + i) * LANE_VALUES;
+                        parts.quants[at..at + LANE_VALUES].copy_from_slice(four);
                     }
                 }
-            };
+            }
+        };
         // A batch's tiles are spread over the pool (one row is too little work to hand off).
         if tiles > 1 {
             crate::pool::for_each_chunk_mut(&mut by_tile, 1, |t, tile| fill(t, &mut tile[0]));
@@ -78,6 +98,7 @@ impl Q8Rows {
             quants,
             scales,
             offsets,
+            sums,
         })
     }
 
@@ -111,5 +132,13 @@ impl Q8Rows {
             self.quants[q0 + ((b * BLOCK_STEPS + step) * na + i) * LANE_VALUES + v]
         });
         (self.scales[s0 + b * na + i], quants)
+    }
+
+    /// Block `b` of row `row`: its sum as GGML's Q8_1 rounds it.
+    #[cfg(test)]
+    pub(super) fn block_sum(&self, row: usize, b: usize) -> f32 {
+        let (tile, i) = (row / TILE_ROWS, row % TILE_ROWS);
+        let (_, s0) = self.tile_start(tile);
+        self.sums[s0 + b * self.tile_rows(tile) + i]
     }
 }

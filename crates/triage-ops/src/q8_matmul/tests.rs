@@ -48,8 +48,8 @@ fn exact(a: &Q8Rows, w: &Q8Matrix) -> Vec<f64> {
                     .zip(&wb.quants)
                     .map(|(&x, &y)| x as i32 * y as i32)
                     .sum();
-                let sum_a: i32 = qa.iter().map(|&x| x as i32).sum();
-                sum += da as f64 * (wb.d as f64 * dot as f64 + wb.m as f64 * sum_a as f64);
+                let sum_a = a.block_sum(i, b) as f64;
+                sum += da as f64 * wb.d as f64 * dot as f64 + wb.m as f64 * sum_a;
             }
             out.push(sum);
         }
