@@ -18,7 +18,7 @@ pub(super) fn available() -> Vec<Q8Kernel> {
             if has!("avxvnni") {
                 kernels.push(Q8Kernel::AvxVnni);
             }
-            if has!("avx512f") && has!("avx512vl") && has!("avx512vnni") {
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
                 kernels.push(Q8Kernel::Avx512Vnni);
             }
             if has!("avx512f") && has!("avx512vl") && super::amx::usable() {
@@ -56,6 +56,11 @@ pub(super) fn tiles(
     out_stride: usize,
 ) {
     debug_assert!(w0.is_multiple_of(SPAN_ROWS) && a0.is_multiple_of(TILE_ROWS));
+    // Only the AVX-512 kernel reads narrow values; for the others they are widened first.
+    assert!(
+        w.narrow.is_none() || kernel.reads_narrow(),
+        "{kernel:?} multiplies int8 values"
+    );
     let groups = w0 / GROUP_ROWS..(w0 + num_w).div_ceil(GROUP_ROWS);
     assert!(groups.end * GROUP_ROWS - w0 <= out_stride && a0 + num_a <= a.rows);
     assert!(groups.end <= w.rows.div_ceil(GROUP_ROWS) && w.cols == a.cols);

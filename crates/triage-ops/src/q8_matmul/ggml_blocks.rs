@@ -46,6 +46,7 @@ impl GgmlBlockType {
     }
 
     /// The block in `bytes` (`block_bytes()` long).
+    #[inline]
     pub(super) fn read(self, bytes: &[u8]) -> Block {
         let d = f16_at(bytes, 0);
         match self {
@@ -57,22 +58,22 @@ impl GgmlBlockType {
             GgmlBlockType::Q4_0 => Block {
                 d,
                 m: 0.0,
-                quants: std::array::from_fn(|i| nibble(&bytes[2..], i) as i8 - 8),
+                quants: nibbles(&bytes[2..]).map(|q| q as i8 - 8),
             },
             GgmlBlockType::Q4_1 => Block {
                 d,
                 m: f16_at(bytes, 2),
-                quants: std::array::from_fn(|i| nibble(&bytes[4..], i) as i8),
+                quants: nibbles(&bytes[4..]).map(|q| q as i8),
             },
             GgmlBlockType::Q5_0 => Block {
                 d,
                 m: 0.0,
-                quants: std::array::from_fn(|i| five_bits(&bytes[2..], i) as i8 - 16),
+                quants: five_bits(&bytes[2..]).map(|q| q as i8 - 16),
             },
             GgmlBlockType::Q5_1 => Block {
                 d,
                 m: f16_at(bytes, 2),
-                quants: std::array::from_fn(|i| five_bits(&bytes[4..], i) as i8),
+                quants: five_bits(&bytes[4..]).map(|q| q as i8),
             },
         }
     }
@@ -82,23 +83,45 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// Value `i` of 32 4-bit values: byte `i % 16`, its low nibble for the first 16 values and its
-/// high nibble for the last 16.
-fn nibble(qs: &[u8], i: usize) -> u8 {
-    let byte = qs[i % 16];
-    if i < 16 {
-        byte & 0xF
-    } else {
-        byte >> 4
+/// The 32 4-bit values of a block: byte `j` holds value `j` in its low nibble and value `j + 16`
+/// in its high nibble.
+#[inline(always)]
+fn nibbles(qs: &[u8]) -> [u8; QK8_0] {
+    let mut q = [0u8; QK8_0];
+    for (j, &byte) in qs[..QK8_0 / 2].iter().enumerate() {
+        q[j] = byte & 0xF;
+        q[j + QK8_0 / 2] = byte >> 4;
     }
+    q
 }
 
-/// Value `i` of 32 5-bit values stored as 4 bytes of fifth bits (bit `i` is value `i`'s), then
-/// the low 4 bits as `nibble` lays them out.
-fn five_bits(bytes: &[u8], i: usize) -> u8 {
-    let high = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-    nibble(&bytes[4..], i) | (((high >> i) & 1) as u8) << 4
+/// The 32 5-bit values stored as 4 bytes of fifth bits (bit `i` is value `i`'s), then the low 4
+/// bits as `nibbles` lays them out.
+#[inline(always)]
+fn five_bits(bytes: &[u8]) -> [u8; QK8_0] {
+    let mut q = nibbles(&bytes[4..]);
+    for (eight, &high) in q.chunks_exact_mut(8).zip(&bytes[..4]) {
+        let spread =
+            u64::from_le_bytes(eight.try_into().expect("8 values")) | FIFTH_BITS[high as usize];
+        eight.copy_from_slice(&spread.to_le_bytes());
+    }
+    q
 }
+
+/// For each byte of fifth bits, the 8 values' bit 4: bit `i` of the index at bit 4 of byte `i`.
+static FIFTH_BITS: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut i = 0;
+        while i < 8 {
+            table[byte] |= ((byte as u64 >> i) & 1) << (8 * i + 4);
+            i += 1;
+        }
+        byte += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,7 @@
 //! 32 are held the same way, losslessly (`ggml_blocks`), with their mins beside the scales.
 
 use super::ggml_blocks::{Block, GgmlBlockType};
+use super::narrow::{NarrowKind, NarrowValues};
 use super::{check_cols, QK8_0};
 use crate::{OpsError, Result};
 
@@ -36,6 +37,10 @@ pub struct Q8Matrix {
     /// Each block's min, laid out as `scales`, for types whose values are `d · q + m` (Q4_1,
     /// Q5_1); `None` where every min is 0.
     pub(super) mins: Option<Vec<f32>>,
+    /// The values at their width for GGML's 4- and 5-bit types, `quants` then being empty: the
+    /// kernels run on int8 matrices only, so `q8_matmul_quantized` widens such a matrix a span
+    /// at a time (`widen_span`).
+    pub(super) narrow: Option<NarrowValues>,
 }
 
 impl Q8Matrix {
@@ -62,7 +67,8 @@ impl Q8Matrix {
             )));
         }
         let row_bytes = kb * block_bytes;
-        Ok(Self::pack(rows, cols, ty.has_mins(), |row, b| {
+        let narrow = NarrowKind::of(ty);
+        Ok(Self::pack(rows, cols, narrow, ty.has_mins(), |row, b| {
             ty.read(&bytes[row * row_bytes + b * block_bytes..][..block_bytes])
         }))
     }
@@ -77,7 +83,7 @@ impl Q8Matrix {
                 values.len()
             )));
         }
-        Ok(Self::pack(rows, cols, false, |row, b| {
+        Ok(Self::pack(rows, cols, None, false, |row, b| {
             let mut quants = [0i8; QK8_0];
             let x = &values[row * cols + b * QK8_0..][..QK8_0];
             let d = super::to_f16(super::quantize_block(x, &mut quants));
@@ -87,7 +93,8 @@ impl Q8Matrix {
 
     /// The rows of `parts`, one matrix after the other (e.g. Q, K and V projections run as one
     /// product). Each output element keeps its own accumulator, so the stacked product gives
-    /// every part's bits. Parts may mix types: one without mins has mins of 0 in the stack.
+    /// every part's bits. Parts may mix types: one without mins has mins of 0 in the stack, and
+    /// the values stay narrow only where every part's are narrow the same way.
     pub fn stack_rows(parts: &[&Q8Matrix]) -> Result<Self> {
         let cols = parts.first().map_or(0, |p| p.cols);
         if let Some(bad) = parts.iter().find(|p| p.cols != cols) {
@@ -102,10 +109,21 @@ impl Q8Matrix {
             .flat_map(|p| (0..p.rows).map(move |r| (*p, r)))
             .collect();
         let with_mins = parts.iter().any(|p| p.mins.is_some());
-        Ok(Self::pack(owners.len(), cols, with_mins, |row, b| {
-            let (part, r) = owners[row];
-            part.block(r, b)
-        }))
+        let kinds: Vec<Option<NarrowKind>> = parts
+            .iter()
+            .map(|p| p.narrow.as_ref().map(|n| n.kind))
+            .collect();
+        let narrow = kinds[0].filter(|_| kinds.iter().all(|k| *k == kinds[0]));
+        Ok(Self::pack(
+            owners.len(),
+            cols,
+            narrow,
+            with_mins,
+            |row, b| {
+                let (part, r) = owners[row];
+                part.block(r, b)
+            },
+        ))
     }
 
     pub fn rows(&self) -> usize {
@@ -145,10 +163,17 @@ impl Q8Matrix {
         let (group, lane) = (row / GROUP_ROWS, row % GROUP_ROWS);
         let unit = self.group_block(group, b);
         let at = unit * GROUP_BLOCK_BYTES + lane * LANE_VALUES;
-        let quants = std::array::from_fn(|i| {
-            let (step, k) = (i / LANE_VALUES, i % LANE_VALUES);
-            self.quants[at + step * GROUP_ROWS * LANE_VALUES + k]
-        });
+        let quants = match &self.narrow {
+            None => std::array::from_fn(|i| {
+                let (step, k) = (i / LANE_VALUES, i % LANE_VALUES);
+                self.quants[at + step * GROUP_ROWS * LANE_VALUES + k]
+            }),
+            Some(narrow) => {
+                let unit_bytes = narrow.kind.group_block_bytes();
+                let src = &narrow.bytes[unit * unit_bytes..][..unit_bytes];
+                std::array::from_fn(|i| narrow.kind.get(src, lane, i))
+            }
+        };
         let at = unit * GROUP_ROWS + lane;
         let m = self.mins.as_ref().map_or(0.0, |mins| mins[at]);
         Block {
@@ -167,59 +192,141 @@ impl Q8Matrix {
     }
 
     /// Lays out `rows` rows whose block `b` of row `row` is `block(row, b)` (`cols` checked),
-    /// keeping the mins if `with_mins`. Loading a model is mostly this and the page faults of its
-    /// fresh memory, so spans are spread over the pool.
-    fn pack<F>(rows: usize, cols: usize, with_mins: bool, block: F) -> Self
+    /// their values as int8 or, with `narrow`, at their width; keeps the mins if `with_mins`.
+    fn pack<F>(
+        rows: usize,
+        cols: usize,
+        narrow: Option<NarrowKind>,
+        with_mins: bool,
+        block: F,
+    ) -> Self
     where
         F: Fn(usize, usize) -> Block + Sync,
     {
-        let kb = cols / QK8_0;
-        let span_blocks = kb * SPAN_GROUPS;
-        let units = rows.div_ceil(SPAN_ROWS) * span_blocks;
-        let mut scales = vec![0f32; units * GROUP_ROWS];
-        let mut quants = vec![0i8; units * GROUP_BLOCK_BYTES];
-        let mut mins = vec![0f32; if with_mins { scales.len() } else { 0 }];
-        // Each span's part of `mins`; empty for every span without them.
-        let mut span_mins: Vec<&mut [f32]> = mins.chunks_mut(span_blocks * GROUP_ROWS).collect();
-        span_mins.resize_with(units / span_blocks, Default::default);
-        let mut spans: Vec<(&mut [f32], &mut [i8], &mut [f32])> = scales
-            .chunks_mut(span_blocks * GROUP_ROWS)
-            .zip(quants.chunks_mut(span_blocks * GROUP_BLOCK_BYTES))
-            .zip(span_mins)
-            .map(|((s, q), m)| (s, q, m))
-            .collect();
-        crate::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
-            let (scales, quants, mins) = &mut chunk[0];
-            let group_blocks = scales
-                .chunks_exact_mut(GROUP_ROWS)
-                .zip(quants.chunks_exact_mut(GROUP_BLOCK_BYTES));
-            for (unit, (scales, quants)) in group_blocks.enumerate() {
-                let (b, group) = (unit / SPAN_GROUPS, span * SPAN_GROUPS + unit % SPAN_GROUPS);
-                let first = group * GROUP_ROWS;
-                let present = GROUP_ROWS.min(rows.saturating_sub(first));
-                for (lane, scale) in scales.iter_mut().enumerate().take(present) {
-                    let Block {
-                        d,
-                        m,
-                        quants: values,
-                    } = block(first + lane, b);
-                    *scale = d;
-                    if let Some(min) = mins.get_mut(unit * GROUP_ROWS + lane) {
-                        *min = m;
-                    }
+        let (scales, quants, mins, narrow) = match narrow {
+            None => {
+                let put = |values: &[i8; QK8_0], lane: usize, unit: &mut [i8]| {
                     for (step, four) in values.chunks_exact(LANE_VALUES).enumerate() {
                         let at = (step * GROUP_ROWS + lane) * LANE_VALUES;
-                        quants[at..at + LANE_VALUES].copy_from_slice(four);
+                        unit[at..at + LANE_VALUES].copy_from_slice(four);
                     }
-                }
+                };
+                let (scales, quants, mins) =
+                    pack_units(rows, cols, GROUP_BLOCK_BYTES, with_mins, &block, put);
+                (scales, quants, mins, None)
             }
-        });
+            Some(kind) => {
+                let put = |values: &[i8; QK8_0], lane: usize, unit: &mut [u8]| {
+                    kind.put(values, lane, unit)
+                };
+                let unit_bytes = kind.group_block_bytes();
+                let (scales, bytes, mins) =
+                    pack_units(rows, cols, unit_bytes, with_mins, &block, put);
+                (scales, Vec::new(), mins, Some(NarrowValues { kind, bytes }))
+            }
+        };
         Self {
             rows,
             cols,
             scales,
             quants,
-            mins: with_mins.then_some(mins),
+            mins,
+            narrow,
         }
     }
+
+    /// Span `span` as an int8 matrix of its own (one span: the same layout) in `into`, reusing
+    /// its buffers: what the kernels multiply where this matrix's values are narrow.
+    pub(super) fn widen_span(&self, span: usize, into: &mut Q8Matrix) {
+        let narrow = self
+            .narrow
+            .as_ref()
+            .expect("only a matrix of narrow values is widened");
+        let span_blocks = self.cols / QK8_0 * SPAN_GROUPS;
+        let scales = &self.scales[span * span_blocks * GROUP_ROWS..][..span_blocks * GROUP_ROWS];
+        let unit_bytes = narrow.kind.group_block_bytes();
+        let bytes = &narrow.bytes[span * span_blocks * unit_bytes..][..span_blocks * unit_bytes];
+        into.rows = SPAN_ROWS.min(self.rows - span * SPAN_ROWS);
+        into.cols = self.cols;
+        into.narrow = None;
+        into.scales.clear();
+        into.scales.extend_from_slice(scales);
+        into.quants.resize(span_blocks * GROUP_BLOCK_BYTES, 0);
+        narrow.kind.widen(bytes, &mut into.quants);
+        match &self.mins {
+            Some(mins) => {
+                let into_mins = into.mins.get_or_insert_with(Vec::new);
+                into_mins.clear();
+                into_mins
+                    .extend_from_slice(&mins[span * span_blocks * GROUP_ROWS..][..scales.len()]);
+            }
+            None => into.mins = None,
+        }
+    }
+
+    /// An empty matrix, for `widen_span` to fill.
+    pub(super) fn scratch() -> Self {
+        Self {
+            rows: 0,
+            cols: QK8_0,
+            scales: Vec::new(),
+            quants: Vec::new(),
+            mins: None,
+            narrow: None,
+        }
+    }
+}
+
+/// `pack`'s walk: `rows` rows of `cols` values in group blocks of `unit_len` values of `T`, spans
+/// spread over the pool (loading a model is mostly this and the page faults of its fresh memory);
+/// each row's block goes to `put(values, lane, unit)`. Returns the scales, the values and, with
+/// `with_mins`, the mins.
+fn pack_units<T, F, P>(
+    rows: usize,
+    cols: usize,
+    unit_len: usize,
+    with_mins: bool,
+    block: &F,
+    put: P,
+) -> (Vec<f32>, Vec<T>, Option<Vec<f32>>)
+where
+    T: Copy + Default + Send,
+    F: Fn(usize, usize) -> Block + Sync,
+    P: Fn(&[i8; QK8_0], usize, &mut [T]) + Sync,
+{
+    let kb = cols / QK8_0;
+    let span_blocks = kb * SPAN_GROUPS;
+    let units = rows.div_ceil(SPAN_ROWS) * span_blocks;
+    let mut scales = vec![0f32; units * GROUP_ROWS];
+    let mut values = vec![T::default(); units * unit_len];
+    let mut mins = vec![0f32; if with_mins { scales.len() } else { 0 }];
+    // Each span's part of `mins`; empty for every span without them.
+    let mut span_mins: Vec<&mut [f32]> = mins.chunks_mut(span_blocks * GROUP_ROWS).collect();
+    span_mins.resize_with(units / span_blocks, Default::default);
+    let mut spans: Vec<(&mut [f32], &mut [T], &mut [f32])> = scales
+        .chunks_mut(span_blocks * GROUP_ROWS)
+        .zip(values.chunks_mut(span_blocks * unit_len))
+        .zip(span_mins)
+        .map(|((s, v), m)| (s, v, m))
+        .collect();
+    crate::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
+        let (scales, values, mins) = &mut chunk[0];
+        let group_blocks = scales
+            .chunks_exact_mut(GROUP_ROWS)
+            .zip(values.chunks_exact_mut(unit_len));
+        for (unit, (scales, values)) in group_blocks.enumerate() {
+            let (b, group) = (unit / SPAN_GROUPS, span * SPAN_GROUPS + unit % SPAN_GROUPS);
+            let first = group * GROUP_ROWS;
+            let present = GROUP_ROWS.min(rows.saturating_sub(first));
+            for (lane, scale) in scales.iter_mut().enumerate().take(present) {
+                let Block { d, m, quants } = block(first + lane, b);
+                *scale = d;
+                if let Some(min) = mins.get_mut(unit * GROUP_ROWS + lane) {
+                    *min = m;
+                }
+                put(&quants, lane, values);
+            }
+        }
+    });
+    (scales, values, with_mins.then_some(mins))
 }

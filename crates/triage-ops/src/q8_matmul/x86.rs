@@ -10,6 +10,7 @@ use std::arch::x86_64::*;
 
 use super::cpu::TileArgs;
 use super::matrix::{BLOCK_STEPS, GROUP_BLOCK_BYTES, GROUP_ROWS, LANE_VALUES, SPAN_GROUPS};
+use super::narrow::NarrowKind;
 use super::{Q8Kernel, Q8Matrix, Q8Rows, QK8_0};
 
 /// Blocks ahead (8 KiB in a decode step's span of 4 groups) that a tile prefetches its weights
@@ -22,6 +23,27 @@ pub(super) const NEXT_BLOCK: usize = SPAN_GROUPS * GROUP_BLOCK_BYTES;
 /// The same steps in `scales`.
 pub(super) const NEXT_GROUP_SCALES: usize = GROUP_ROWS;
 pub(super) const NEXT_BLOCK_SCALES: usize = SPAN_GROUPS * GROUP_ROWS;
+
+/// The register tile shapes of the 512-bit kernel: `(groups, rows)` as `tile` chose them.
+macro_rules! avx512_shapes {
+    ($call:ident, $gw:expr, $na:expr) => {
+        match ($gw, $na) {
+            (4, 1) => $call!(4, 1),
+            (3, 1) => $call!(3, 1),
+            (2, 1) => $call!(2, 1),
+            (2, 2) => $call!(2, 2),
+            (2, 3) => $call!(2, 3),
+            (_, 1) => $call!(1, 1),
+            (_, 2) => $call!(1, 2),
+            (_, 3) => $call!(1, 3),
+            (_, 4) => $call!(1, 4),
+            (_, 5) => $call!(1, 5),
+            (_, 6) => $call!(1, 6),
+            (_, 7) => $call!(1, 7),
+            _ => $call!(1, 8),
+        }
+    };
+}
 
 /// Runs `kernel` (an x86 kernel this CPU has, from `cpu::available`) on the tile of `args`, with
 /// `groups_left` weight groups from `args.group` on; returns how many groups it did.
@@ -50,27 +72,24 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
     // (`cpu::tiles` checked both); `out` holds every row's `gw · 16` values (asserted above).
     unsafe {
         match kernel {
-            Q8Kernel::Avx512Vnni => {
+            Q8Kernel::Avx512Vnni if w.narrow.is_some() => {
+                let steps = avx512::Narrow::new(w, group);
                 macro_rules! call {
                     ($gw:literal, $na:literal) => {
-                        avx512::tile::<$gw, $na>(w, group, a, tile, out, out_stride)
+                        avx512::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
                     };
                 }
-                match (gw, na) {
-                    (4, 1) => call!(4, 1),
-                    (3, 1) => call!(3, 1),
-                    (2, 1) => call!(2, 1),
-                    (2, 2) => call!(2, 2),
-                    (2, 3) => call!(2, 3),
-                    (_, 1) => call!(1, 1),
-                    (_, 2) => call!(1, 2),
-                    (_, 3) => call!(1, 3),
-                    (_, 4) => call!(1, 4),
-                    (_, 5) => call!(1, 5),
-                    (_, 6) => call!(1, 6),
-                    (_, 7) => call!(1, 7),
-                    _ => call!(1, 8),
+                avx512_shapes!(call, gw, na)
+            }
+            Q8Kernel::Avx512Vnni => {
+                let start = Start::new(w, group, a, tile);
+                let steps = avx512::Int8(&start);
+                macro_rules! call {
+                    ($gw:literal, $na:literal) => {
+                        avx512::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
+                    };
                 }
+                avx512_shapes!(call, gw, na)
             }
             Q8Kernel::AvxVnni => halves(Half::AvxVnni, w, group, a, tile, out, out_stride),
             _ => match (gw, na) {
@@ -189,13 +208,18 @@ pub(super) struct Start {
 }
 
 impl Start {
-    /// Slicing checks that the first group and the tile are inside the buffers.
+    /// Slicing checks that the first group and the tile are inside the buffers. For a narrow
+    /// matrix `wq` is null (see `avx512::Narrow`).
     pub(super) fn new(w: &Q8Matrix, group: usize, a: &Q8Rows, tile: usize) -> Self {
         let kb = w.cols / QK8_0;
         let (aq0, as0) = a.tile_start(tile);
         Self {
             kb,
-            wq: w.quants[w.group_block(group, 0) * GROUP_BLOCK_BYTES..].as_ptr(),
+            // A narrow matrix has no int8 values; its kernel reads them through `Narrow`.
+            wq: match w.narrow {
+                None => w.quants[w.group_block(group, 0) * GROUP_BLOCK_BYTES..].as_ptr(),
+                Some(_) => std::ptr::null(),
+            },
             ws: w.scales[w.group_block(group, 0) * GROUP_ROWS..].as_ptr(),
             aq: a.quants[aq0..].as_ptr(),
             as_: a.scales[as0..].as_ptr(),
@@ -232,14 +256,129 @@ unsafe fn four(aq: *const i8, na: usize, b: usize, step: usize, i: usize) -> i32
 mod avx512 {
     use super::*;
 
-    /// Weight groups `group..group + GW` against activation tile `tile`, which has `NA` rows.
+    /// Where a block's steps of weights come from: each step is 16 rows × 4 values as unsigned
+    /// bytes (what `vpdpbusd` takes), which make the signed values once each block's sum starts at
+    /// `start(−128 · Σa)`.
+    pub(super) trait Steps {
+        /// Group `g` (from the tile's first), block `b`, step `step`.
+        ///
+        /// # Safety
+        /// The group and block exist; the CPU has AVX-512 F/BW.
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> __m512i;
+        /// Group `g`'s block `b + PREFETCH_BLOCKS` into L2.
+        fn prefetch(&self, b: usize, g: usize);
+        /// A block's starting sum, from the activation tile's `−128 · Σa`.
+        fn start(&self, minus_128_sum: i32) -> i32;
+    }
+
+    /// Int8 values, offset by 128 to unsigned: the sum starts at −128 · Σa, which leaves exactly
+    /// Σ w · a.
+    pub(super) struct Int8<'a>(pub(super) &'a Start);
+
+    impl Steps for Int8<'_> {
+        #[inline(always)]
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> __m512i {
+            let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
+            // SAFETY: the caller's contract.
+            unsafe {
+                let wv = _mm512_loadu_si512(self.0.wq.add(at) as *const __m512i);
+                _mm512_xor_si512(wv, _mm512_set1_epi8(i8::MIN))
+            }
+        }
+
+        #[inline(always)]
+        fn prefetch(&self, b: usize, g: usize) {
+            self.0.prefetch_ahead(b, g);
+        }
+
+        #[inline(always)]
+        fn start(&self, minus_128_sum: i32) -> i32 {
+            minus_128_sum
+        }
+    }
+
+    /// Narrow values (`narrow.rs`), widened in registers: a step's nibbles from the group
+    /// block's pair of steps and, for 5-bit values, its fifth bits. They are `q` (0..32), whose
+    /// signed value is `q + offset`, so the sum starts at `offset · Σa`.
+    pub(super) struct Narrow {
+        pub(super) bytes: *const u8,
+        pub(super) unit_bytes: usize,
+        pub(super) fifth_bit: bool,
+        pub(super) offset: i32,
+    }
+
+    impl Narrow {
+        /// The narrow values of `w`'s groups from `group` on (`w` is narrow).
+        pub(super) fn new(w: &Q8Matrix, group: usize) -> Self {
+            let narrow = w.narrow.as_ref().expect("a narrow matrix");
+            let kind: NarrowKind = narrow.kind;
+            let unit_bytes = kind.group_block_bytes();
+            Self {
+                bytes: narrow.bytes[w.group_block(group, 0) * unit_bytes..].as_ptr(),
+                unit_bytes,
+                fifth_bit: kind.fifth_bit(),
+                offset: kind.offset() as i32,
+            }
+        }
+    }
+
+    impl Steps for Narrow {
+        #[inline(always)]
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> __m512i {
+            let unit = (b * SPAN_GROUPS + g) * self.unit_bytes;
+            let low4 = _mm512_set1_epi8(0x0F);
+            // SAFETY: the caller's contract; a group block holds its 4 nibble runs of 64 bytes,
+            // then (with fifth bits) their 64 bytes.
+            unsafe {
+                let pair =
+                    _mm512_loadu_si512(self.bytes.add(unit + step / 2 * 64) as *const __m512i);
+                let nibbles = if step % 2 == 0 {
+                    pair
+                } else {
+                    _mm512_srli_epi16::<4>(pair)
+                };
+                let q = _mm512_and_si512(nibbles, low4);
+                if !self.fifth_bit {
+                    return q;
+                }
+                let fifths = _mm512_loadu_si512(self.bytes.add(unit + 256) as *const __m512i);
+                // Bit `step` of each byte to bit 0 (16-bit shifts; the mask keeps each byte's
+                // own bit), then to bit 4.
+                let count = _mm_cvtsi32_si128(step as i32);
+                let bit = _mm512_and_si512(_mm512_srl_epi16(fifths, count), _mm512_set1_epi8(1));
+                _mm512_or_si512(q, _mm512_slli_epi16::<4>(bit))
+            }
+        }
+
+        #[inline(always)]
+        fn prefetch(&self, b: usize, g: usize) {
+            let unit = ((b + PREFETCH_BLOCKS) * SPAN_GROUPS + g) * self.unit_bytes;
+            for line in (0..self.unit_bytes).step_by(64) {
+                // SAFETY: prefetching reads nothing a program can see, at any address.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T1>(self.bytes.wrapping_add(unit + line) as *const i8)
+                };
+            }
+        }
+
+        #[inline(always)]
+        fn start(&self, minus_128_sum: i32) -> i32 {
+            // Exact: −128 · Σa is a multiple of 128.
+            -(minus_128_sum / 128) * self.offset
+        }
+    }
+
+    /// Weight groups `group..group + GW` against activation tile `tile`, which has `NA` rows,
+    /// their steps from `w_steps`.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/VL and VNNI; the groups exist in `w`, the tile has `NA` rows with
-    /// `w.cols` columns, and `out` holds `(NA - 1) · out_stride + GW · 16` values.
-    #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx512f,avx512vl,avx512vnni,avx2,fma")]
-    pub(super) unsafe fn tile<const GW: usize, const NA: usize>(
+    /// The CPU has AVX-512 F/BW/VL and VNNI; the groups exist in `w` (and `w_steps` reads them),
+    /// the tile has `NA` rows with `w.cols` columns, and `out` holds
+    /// `(NA - 1) · out_stride + GW · 16` values.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn tile<S: Steps, const GW: usize, const NA: usize>(
+        w_steps: &S,
         w: &Q8Matrix,
         group: usize,
         a: &Q8Rows,
@@ -249,23 +388,18 @@ mod avx512 {
     ) {
         let s = Start::new(w, group, a, tile);
         debug_assert_eq!(s.na, NA);
-        // Weights offset by 128 to unsigned (`vpdpbusd` multiplies unsigned by signed bytes);
-        // each accumulator starts at −128 · Σa, which leaves exactly Σ w · a.
-        let flip = _mm512_set1_epi8(i8::MIN);
         let mut acc = [[_mm512_setzero_ps(); NA]; GW];
         for b in 0..s.kb {
             let mut dot = [[_mm512_setzero_si512(); NA]; GW];
             for g in 0..GW {
                 for i in 0..NA {
-                    dot[g][i] = _mm512_set1_epi32(*s.ao.add(b * NA + i));
+                    dot[g][i] = _mm512_set1_epi32(w_steps.start(*s.ao.add(b * NA + i)));
                 }
-                s.prefetch_ahead(b, g);
+                w_steps.prefetch(b, g);
             }
             for step in 0..BLOCK_STEPS {
                 for g in 0..GW {
-                    let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
-                    let wv = _mm512_loadu_si512(s.wq.add(at) as *const __m512i);
-                    let wv = _mm512_xor_si512(wv, flip);
+                    let wv = w_steps.step(b, g, step);
                     for i in 0..NA {
                         let av = _mm512_set1_epi32(four(s.aq, NA, b, step, i));
                         dot[g][i] = _mm512_dpbusd_epi32(dot[g][i], wv, av);
@@ -284,6 +418,35 @@ mod avx512 {
         for g in 0..GW {
             for i in 0..NA {
                 _mm512_storeu_ps(out.add(i * out_stride + g * GROUP_ROWS), acc[g][i]);
+            }
+        }
+    }
+}
+
+/// Widens narrow group blocks `src` to int8 values in `dst` (`GROUP_BLOCK_BYTES` each), step by
+/// step as the 512-bit kernel widens them in registers.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn widen_avx512(kind: NarrowKind, src: &[u8], dst: &mut [i8]) {
+    let unit_bytes = kind.group_block_bytes();
+    let units = src.len() / unit_bytes;
+    assert!(dst.len() >= units * GROUP_BLOCK_BYTES);
+    let narrow = avx512::Narrow {
+        bytes: src.as_ptr(),
+        unit_bytes,
+        fifth_bit: kind.fifth_bit(),
+        offset: kind.offset() as i32,
+    };
+    let offset = _mm512_set1_epi8(kind.offset());
+    for unit in 0..units {
+        for step in 0..BLOCK_STEPS {
+            // SAFETY: the caller's contract; `unit` is inside `src` and `dst` (asserted).
+            unsafe {
+                let q = avx512::Steps::step(&narrow, unit / SPAN_GROUPS, unit % SPAN_GROUPS, step);
+                let at = unit * GROUP_BLOCK_BYTES + step * GROUP_ROWS * LANE_VALUES;
+                _mm512_storeu_si512(dst.as_mut_ptr().add(at).cast(), _mm512_add_epi8(q, offset));
             }
         }
     }
