@@ -12,8 +12,8 @@
 //! kernel, the portable loop included, gives the same bits.
 //!
 //! GGML's 4- and 5-bit blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1) are held without loss at their
-//! width (`narrow`). The AVX-512 kernel widens them in registers; for the others a span at a
-//! time is widened to int8 into a scratch matrix. Those with a min per block (`d · q + m`) add `Σ m · Σa` after the kernels' products
+//! width (`narrow`). The AVX-512 kernel and AVX2's decode tiles widen them in registers; elsewhere
+//! a span at a time is widened to int8 into a scratch matrix. Those with a min per block (`d · q + m`) add `Σ m · Σa` after the kernels' products
 //! (`mins`), one order for every kernel.
 
 use candle_core::{DType, Device, Tensor};
@@ -102,9 +102,14 @@ impl Q8Kernel {
     }
 
     /// Whether the kernel reads 4- and 5-bit values as they are stored (widening them in
-    /// registers); the others multiply them widened to int8 a span at a time.
-    fn reads_narrow(self) -> bool {
-        self == Q8Kernel::Avx512Vnni
+    /// registers) for `num_a` activation rows: AVX-512 VNNI below `WIDEN_ROWS`, AVX2 in its
+    /// decode tiles (1 or 2 rows). Otherwise a span at a time is widened to int8 first.
+    fn reads_narrow(self, num_a: usize) -> bool {
+        match self {
+            Q8Kernel::Avx512Vnni => num_a < WIDEN_ROWS,
+            Q8Kernel::Avx2 => num_a <= 2,
+            _ => false,
+        }
     }
 
     /// The kernel's name for `TRIAGE_Q8_KERNEL`.
@@ -208,7 +213,7 @@ pub fn q8_matmul_quantized(a: &Q8Rows, w: &Q8Matrix, kernel: Q8Kernel) -> Result
         ROW_CHUNK,
         crate::pool::TileLayout::RowMajor,
         |w0, num_w, a0, num_a, tile| {
-            if w.narrow.is_none() || (kernel.reads_narrow() && num_a < WIDEN_ROWS) {
+            if w.narrow.is_none() || kernel.reads_narrow(num_a) {
                 return product(kernel, w, w0, num_w, a, a0, num_a, tile);
             }
             // The span (this task's 64 rows) widened to int8 in this worker's scratch matrix,

@@ -56,9 +56,9 @@ pub(super) fn tiles(
     out_stride: usize,
 ) {
     debug_assert!(w0.is_multiple_of(SPAN_ROWS) && a0.is_multiple_of(TILE_ROWS));
-    // Only the AVX-512 kernel reads narrow values; for the others they are widened first.
+    // Only some kernels read narrow values; for the others they are widened first.
     assert!(
-        w.narrow.is_none() || kernel.reads_narrow(),
+        w.narrow.is_none() || kernel.reads_narrow(num_a),
         "{kernel:?} multiplies int8 values"
     );
     let groups = w0 / GROUP_ROWS..(w0 + num_w).div_ceil(GROUP_ROWS);

@@ -1,6 +1,7 @@
 //! 4- and 5-bit values of a `Q8Matrix` (GGML's Q4_0, Q4_1, Q5_0, Q5_1 blocks), kept at their
-//! width in the interleaved layout: the AVX-512 kernel widens them in registers, and for the others
-//! (and for 16 or more activation rows) a span at a time is widened to int8. Per group
+//! width in the interleaved layout: the AVX-512 kernel and AVX2's decode tiles widen them in
+//! registers; elsewhere (and for 16 or more activation rows) a span at a time is widened to int8
+//! (`widen`). Per group
 //! block (16 rows × 32 values): 256 bytes of nibbles, two steps to a byte (step 2p in the low
 //! nibble and 2p + 1 in the high, at step p's place in the int8 layout, so one 64-byte run widens
 //! to two steps), then for 5-bit values 64 bytes of fifth bits (byte `row · 4 + value`, bit
@@ -99,17 +100,28 @@ impl NarrowKind {
     }
 
     /// Widens the group blocks `src` (narrow) into `dst` (int8, `GROUP_BLOCK_BYTES` each), with
-    /// AVX-512 where the CPU has it.
+    /// AVX-512 or AVX2 where the CPU has them.
     pub(super) fn widen(self, src: &[u8], dst: &mut [i8]) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the CPU has AVX-512 F/BW (BW implies F).
-            #[allow(unsafe_code)]
-            unsafe {
-                super::x86::widen_avx512(self, src, dst)
-            };
-            return;
+        #[allow(unsafe_code)]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx512bw") {
+                // SAFETY: the CPU has AVX-512 F/BW (BW implies F).
+                unsafe { super::x86::widen_avx512(self, src, dst) };
+                return;
+            }
+            if has!("avx2") {
+                // SAFETY: the CPU has AVX2.
+                unsafe { super::x86::widen_avx2(self, src, dst) };
+                return;
+            }
         }
+        self.widen_portable(src, dst);
+    }
+
+    /// `widen` in plain loops: the order of operations every SIMD path follows.
+    fn widen_portable(self, src: &[u8], dst: &mut [i8]) {
         let units = src.chunks_exact(self.group_block_bytes());
         for (src, dst) in units.zip(dst.chunks_exact_mut(GROUP_BLOCK_BYTES)) {
             if self.fifth_bit {
@@ -143,7 +155,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn values_put_narrow_come_back_from_get_and_widen() {
+    fn values_put_narrow_come_back_from_get_and_widen_on_every_path() {
+        // 6 group blocks (more than one span's block of 4), every row and value distinct enough.
+        const UNITS: usize = 6;
         for ty in [
             GgmlBlockType::Q4_0,
             GgmlBlockType::Q4_1,
@@ -151,23 +165,46 @@ mod tests {
             GgmlBlockType::Q5_1,
         ] {
             let kind = NarrowKind::of(ty).unwrap();
-            let top: i8 = if kind.fifth_bit { 32 } else { 16 };
-            let rows: Vec<[i8; QK8_0]> = (0..GROUP_ROWS)
-                .map(|lane| {
-                    std::array::from_fn(|i| ((lane * 7 + i * 3) % top as usize) as i8 + kind.offset)
-                })
-                .collect();
-            let mut narrow = vec![0u8; kind.group_block_bytes()];
-            for (lane, values) in rows.iter().enumerate() {
-                kind.put(values, lane, &mut narrow);
+            let top = if kind.fifth_bit { 32 } else { 16 };
+            let value = |unit: usize, lane: usize, i: usize| {
+                ((unit * 5 + lane * 7 + i * 3) % top) as i8 + kind.offset
+            };
+            let unit_bytes = kind.group_block_bytes();
+            let mut narrow = vec![0u8; UNITS * unit_bytes];
+            for (unit, dst) in narrow.chunks_exact_mut(unit_bytes).enumerate() {
+                for lane in 0..GROUP_ROWS {
+                    kind.put(&std::array::from_fn(|i| value(unit, lane, i)), lane, dst);
+                }
             }
-            let mut wide = vec![0i8; GROUP_BLOCK_BYTES];
-            kind.widen(&narrow, &mut wide);
-            for (lane, values) in rows.iter().enumerate() {
-                for (i, &v) in values.iter().enumerate() {
-                    assert_eq!(kind.get(&narrow, lane, i), v, "{ty:?}");
-                    let at = (i / LANE_VALUES * GROUP_ROWS + lane) * LANE_VALUES + i % LANE_VALUES;
-                    assert_eq!(wide[at], v, "{ty:?} row {lane} value {i}");
+            let mut wide = vec![0i8; UNITS * GROUP_BLOCK_BYTES];
+            kind.widen_portable(&narrow, &mut wide);
+            for unit in 0..UNITS {
+                let src = &narrow[unit * unit_bytes..][..unit_bytes];
+                for lane in 0..GROUP_ROWS {
+                    for i in 0..QK8_0 {
+                        let v = value(unit, lane, i);
+                        assert_eq!(kind.get(src, lane, i), v, "{ty:?}");
+                        let at = unit * GROUP_BLOCK_BYTES
+                            + (i / LANE_VALUES * GROUP_ROWS + lane) * LANE_VALUES
+                            + i % LANE_VALUES;
+                        assert_eq!(wide[at], v, "{ty:?} unit {unit} row {lane} value {i}");
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                let mut simd = vec![0i8; wide.len()];
+                if has!("avx512bw") {
+                    // SAFETY: the CPU has AVX-512 F/BW.
+                    unsafe { super::super::x86::widen_avx512(kind, &narrow, &mut simd) };
+                    assert_eq!(simd, wide, "{ty:?}, AVX-512");
+                }
+                if has!("avx2") {
+                    // SAFETY: the CPU has AVX2.
+                    unsafe { super::super::x86::widen_avx2(kind, &narrow, &mut simd) };
+                    assert_eq!(simd, wide, "{ty:?}, AVX2");
                 }
             }
         }

@@ -45,6 +45,22 @@ macro_rules! avx512_shapes {
     };
 }
 
+/// The register tile shapes of the AVX2 decode kernel, `(groups, rows)` as `tile` chose them;
+/// `$else` for the rest.
+macro_rules! avx2_shapes {
+    ($call:ident, $gw:expr, $na:expr, $else:expr) => {
+        match ($gw, $na) {
+            (4, 1) => $call!(4, 1),
+            (3, 1) => $call!(3, 1),
+            (2, 1) => $call!(2, 1),
+            (1, 1) => $call!(1, 1),
+            (2, 2) => $call!(2, 2),
+            (1, 2) => $call!(1, 2),
+            _ => $else,
+        }
+    };
+}
+
 /// Runs `kernel` (an x86 kernel this CPU has, from `cpu::available`) on the tile of `args`, with
 /// `groups_left` weight groups from `args.group` on; returns how many groups it did.
 pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usize {
@@ -92,15 +108,35 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
                 avx512_shapes!(call, gw, na)
             }
             Q8Kernel::AvxVnni => halves(Half::AvxVnni, w, group, a, tile, out, out_stride),
-            _ => match (gw, na) {
-                (4, 1) => avx2::tile::<4, 1>(w, group, a, tile, out, out_stride),
-                (3, 1) => avx2::tile::<3, 1>(w, group, a, tile, out, out_stride),
-                (2, 1) => avx2::tile::<2, 1>(w, group, a, tile, out, out_stride),
-                (1, 1) => avx2::tile::<1, 1>(w, group, a, tile, out, out_stride),
-                (2, 2) => avx2::tile::<2, 2>(w, group, a, tile, out, out_stride),
-                (1, 2) => avx2::tile::<1, 2>(w, group, a, tile, out, out_stride),
-                _ => halves(Half::Avx2, w, group, a, tile, out, out_stride),
-            },
+            _ if w.narrow.is_some() => {
+                let steps = avx2::Narrow(avx512::Narrow::new(w, group));
+                macro_rules! call {
+                    ($gw:literal, $na:literal) => {
+                        avx2::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
+                    };
+                }
+                avx2_shapes!(
+                    call,
+                    gw,
+                    na,
+                    unreachable!("narrow values reach AVX2 in 1 or 2 rows")
+                )
+            }
+            _ => {
+                let start = Start::new(w, group, a, tile);
+                let steps = avx2::Int8(&start);
+                macro_rules! call {
+                    ($gw:literal, $na:literal) => {
+                        avx2::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
+                    };
+                }
+                avx2_shapes!(
+                    call,
+                    gw,
+                    na,
+                    halves(Half::Avx2, w, group, a, tile, out, out_stride)
+                )
+            }
         }
     }
     gw
@@ -311,11 +347,16 @@ mod avx512 {
         /// The narrow values of `w`'s groups from `group` on (`w` is narrow).
         pub(super) fn new(w: &Q8Matrix, group: usize) -> Self {
             let narrow = w.narrow.as_ref().expect("a narrow matrix");
-            let kind: NarrowKind = narrow.kind;
-            let unit_bytes = kind.group_block_bytes();
+            let unit_bytes = narrow.kind.group_block_bytes();
+            let bytes = narrow.bytes[w.group_block(group, 0) * unit_bytes..].as_ptr();
+            Self::of(bytes, narrow.kind)
+        }
+
+        /// Group blocks of `kind` from `bytes` on.
+        pub(super) fn of(bytes: *const u8, kind: NarrowKind) -> Self {
             Self {
-                bytes: narrow.bytes[w.group_block(group, 0) * unit_bytes..].as_ptr(),
-                unit_bytes,
+                bytes,
+                unit_bytes: kind.group_block_bytes(),
                 fifth_bit: kind.fifth_bit(),
                 offset: kind.offset() as i32,
             }
@@ -332,7 +373,7 @@ mod avx512 {
             unsafe {
                 let pair =
                     _mm512_loadu_si512(self.bytes.add(unit + step / 2 * 64) as *const __m512i);
-                let nibbles = if step % 2 == 0 {
+                let nibbles = if step.is_multiple_of(2) {
                     pair
                 } else {
                     _mm512_srli_epi16::<4>(pair)
@@ -433,12 +474,7 @@ pub(super) unsafe fn widen_avx512(kind: NarrowKind, src: &[u8], dst: &mut [i8]) 
     let unit_bytes = kind.group_block_bytes();
     let units = src.len() / unit_bytes;
     assert!(dst.len() >= units * GROUP_BLOCK_BYTES);
-    let narrow = avx512::Narrow {
-        bytes: src.as_ptr(),
-        unit_bytes,
-        fifth_bit: kind.fifth_bit(),
-        offset: kind.offset() as i32,
-    };
+    let narrow = avx512::Narrow::of(src.as_ptr(), kind);
     let offset = _mm512_set1_epi8(kind.offset());
     for unit in 0..units {
         for step in 0..BLOCK_STEPS {
@@ -450,6 +486,15 @@ pub(super) unsafe fn widen_avx512(kind: NarrowKind, src: &[u8], dst: &mut [i8]) 
             }
         }
     }
+}
+
+/// Widens narrow group blocks `src` to int8 values in `dst` with AVX2 (`avx2::widen`).
+///
+/// # Safety
+/// The CPU has AVX2.
+pub(super) unsafe fn widen_avx2(kind: NarrowKind, src: &[u8], dst: &mut [i8]) {
+    // SAFETY: the caller's contract.
+    unsafe { avx2::widen(kind, src, dst) }
 }
 
 /// AVX2's products of one step: `acc` plus the 4-value dot products of the weights `w` (int8
@@ -467,6 +512,112 @@ macro_rules! dot_avx2 {
 mod avx2 {
     use super::*;
 
+    /// Where a block's steps of weights come from, as two halves of 8 rows × 4 values, and how a
+    /// step's products are summed.
+    pub(super) trait Steps {
+        /// Group `g` (from the tile's first), block `b`, step `step`: rows 0–7 and 8–15.
+        ///
+        /// # Safety
+        /// The group and block exist; the CPU has AVX2.
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> [__m256i; 2];
+        /// `acc` plus the 4-value dot products of weights `w` and broadcast activations `a`.
+        ///
+        /// # Safety
+        /// The CPU has AVX2.
+        unsafe fn dot(acc: __m256i, w: __m256i, a: __m256i) -> __m256i;
+        /// Group `g`'s block `b + PREFETCH_BLOCKS` into L2.
+        fn prefetch(&self, b: usize, g: usize);
+        /// A block's starting sum, from the activation tile's `−128 · Σa`.
+        fn start(&self, minus_128_sum: i32) -> i32;
+    }
+
+    /// Signed int8 values (`dot_avx2!`).
+    pub(super) struct Int8<'a>(pub(super) &'a Start);
+
+    impl Steps for Int8<'_> {
+        #[inline(always)]
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> [__m256i; 2] {
+            let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
+            // SAFETY: the caller's contract.
+            unsafe {
+                [
+                    _mm256_loadu_si256(self.0.wq.add(at) as *const __m256i),
+                    _mm256_loadu_si256(self.0.wq.add(at + 32) as *const __m256i),
+                ]
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn dot(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+            dot_avx2!(acc, w, a)
+        }
+
+        #[inline(always)]
+        fn prefetch(&self, b: usize, g: usize) {
+            self.0.prefetch_ahead(b, g);
+        }
+
+        #[inline(always)]
+        fn start(&self, _: i32) -> i32 {
+            0
+        }
+    }
+
+    /// Narrow values widened in registers as `avx512::Narrow` widens them, 32 bytes at a time:
+    /// unsigned `q`, which `maddubs` takes as it is (a pair of products is at most
+    /// 2 · 31 · 127), with the offset in the block's starting sum.
+    pub(super) struct Narrow(pub(super) avx512::Narrow);
+
+    impl Steps for Narrow {
+        #[inline(always)]
+        unsafe fn step(&self, b: usize, g: usize, step: usize) -> [__m256i; 2] {
+            let n = &self.0;
+            let unit = (b * SPAN_GROUPS + g) * n.unit_bytes;
+            let low4 = _mm256_set1_epi8(0x0F);
+            let one = _mm256_set1_epi8(1);
+            let count = _mm_cvtsi32_si128(step as i32);
+            let mut halves = [_mm256_setzero_si256(); 2];
+            // A loop, not `array::from_fn`: a closure is a function of its own, without this
+            // one's target features, so the intrinsics in it would not be inlined.
+            for (half, q) in halves.iter_mut().enumerate() {
+                // SAFETY: the caller's contract (see `avx512::Narrow::step`).
+                unsafe {
+                    let at = unit + step / 2 * 64 + 32 * half;
+                    let pair = _mm256_loadu_si256(n.bytes.add(at) as *const __m256i);
+                    let nibbles = if step.is_multiple_of(2) {
+                        pair
+                    } else {
+                        _mm256_srli_epi16::<4>(pair)
+                    };
+                    *q = _mm256_and_si256(nibbles, low4);
+                    if n.fifth_bit {
+                        let at = unit + 256 + 32 * half;
+                        let fifths = _mm256_loadu_si256(n.bytes.add(at) as *const __m256i);
+                        let bit = _mm256_and_si256(_mm256_srl_epi16(fifths, count), one);
+                        *q = _mm256_or_si256(*q, _mm256_slli_epi16::<4>(bit));
+                    }
+                }
+            }
+            halves
+        }
+
+        #[inline(always)]
+        unsafe fn dot(acc: __m256i, w: __m256i, a: __m256i) -> __m256i {
+            let pairs = _mm256_maddubs_epi16(w, a);
+            _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+        }
+
+        #[inline(always)]
+        fn prefetch(&self, b: usize, g: usize) {
+            avx512::Steps::prefetch(&self.0, b, g);
+        }
+
+        #[inline(always)]
+        fn start(&self, minus_128_sum: i32) -> i32 {
+            avx512::Steps::start(&self.0, minus_128_sum)
+        }
+    }
+
     /// Weight groups `group..group + GW` against activation tile `tile`, which has `NA` rows
     /// (`GW · NA ≤ 4`): a decode step's mat-vec. Group by group within a block, both halves of
     /// a group at once, so the weights are read once, as the linear stream they are stored in,
@@ -474,11 +625,13 @@ mod avx2 {
     /// at a time, unprefetched: 11 GB/s against VNNI's 23 on the 0.5B, `ops_decode_stream`).
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; the groups exist in `w`, the tile has `NA` rows with `w.cols`
-    /// columns, and `out` holds `(NA - 1) · out_stride + GW · 16` values.
-    #[allow(clippy::needless_range_loop)]
+    /// The CPU has AVX2 and FMA; the groups exist in `w` (and `w_steps` reads them), the tile
+    /// has `NA` rows with `w.cols` columns, and `out` holds `(NA - 1) · out_stride + GW · 16`
+    /// values.
+    #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile<const GW: usize, const NA: usize>(
+    pub(super) unsafe fn tile<S: Steps, const GW: usize, const NA: usize>(
+        w_steps: &S,
         w: &Q8Matrix,
         group: usize,
         a: &Q8Rows,
@@ -491,16 +644,18 @@ mod avx2 {
         let mut acc = [[[_mm256_setzero_ps(); 2]; NA]; GW];
         for b in 0..s.kb {
             for g in 0..GW {
-                s.prefetch_ahead(b, g);
+                w_steps.prefetch(b, g);
                 let mut dot = [[_mm256_setzero_si256(); 2]; NA];
+                for i in 0..NA {
+                    let start = _mm256_set1_epi32(w_steps.start(*s.ao.add(b * NA + i)));
+                    dot[i] = [start; 2];
+                }
                 for step in 0..BLOCK_STEPS {
-                    let at = b * NEXT_BLOCK + g * NEXT_GROUP + step * GROUP_ROWS * LANE_VALUES;
-                    let lo = _mm256_loadu_si256(s.wq.add(at) as *const __m256i);
-                    let hi = _mm256_loadu_si256(s.wq.add(at + 32) as *const __m256i);
+                    let [lo, hi] = w_steps.step(b, g, step);
                     for i in 0..NA {
                         let av = _mm256_set1_epi32(four(s.aq, NA, b, step, i));
-                        dot[i][0] = dot_avx2!(dot[i][0], lo, av);
-                        dot[i][1] = dot_avx2!(dot[i][1], hi, av);
+                        dot[i][0] = S::dot(dot[i][0], lo, av);
+                        dot[i][1] = S::dot(dot[i][1], hi, av);
                     }
                 }
                 let at = b * NEXT_BLOCK_SCALES + g * NEXT_GROUP_SCALES;
@@ -519,6 +674,33 @@ mod avx2 {
                 for h in 0..2 {
                     let at = i * out_stride + g * GROUP_ROWS + 8 * h;
                     _mm256_storeu_ps(out.add(at), acc[g][i][h]);
+                }
+            }
+        }
+    }
+
+    /// Widens narrow group blocks `src` to int8 values in `dst` (`GROUP_BLOCK_BYTES` each), as
+    /// the kernel widens them in registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn widen(kind: NarrowKind, src: &[u8], dst: &mut [i8]) {
+        let unit_bytes = kind.group_block_bytes();
+        let units = src.len() / unit_bytes;
+        assert!(dst.len() >= units * GROUP_BLOCK_BYTES);
+        let narrow = Narrow(avx512::Narrow::of(src.as_ptr(), kind));
+        let offset = _mm256_set1_epi8(kind.offset());
+        for unit in 0..units {
+            for step in 0..BLOCK_STEPS {
+                // SAFETY: the caller's contract; `unit` is inside `src` and `dst` (asserted).
+                unsafe {
+                    let halves = narrow.step(unit / SPAN_GROUPS, unit % SPAN_GROUPS, step);
+                    let at = unit * GROUP_BLOCK_BYTES + step * GROUP_ROWS * LANE_VALUES;
+                    for (h, q) in halves.into_iter().enumerate() {
+                        let to = dst.as_mut_ptr().add(at + 32 * h).cast();
+                        _mm256_storeu_si256(to, _mm256_add_epi8(q, offset));
+                    }
                 }
             }
         }
