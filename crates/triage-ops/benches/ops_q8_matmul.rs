@@ -3,7 +3,9 @@
 //! prefill used before). Rows 1 (decode), 16 (batched decode), 128 and 512 (prefill chunks).
 //! Then the LM head's shape (896 → 151,936: 130 MiB of Q8_0, beyond the caches, so the products
 //! read DRAM as a real decode step does) at 1 and 16 rows. Then each int8 kernel this CPU runs
-//! (portable, AVX2, VNNI) on already quantized rows. Prints the peer/ours time ratios of the same
+//! (portable, AVX2, VNNI) on already quantized rows. Then GGML's Q5_0 and Q4_1 kept at their
+//! width (`narrow`) against the same weights rewritten as Q8_0 (what `triage models fetch` did
+//! before) and against candle's matmul of the type. Prints the peer/ours time ratios of the same
 //! process last.
 
 use std::hint::black_box;
@@ -13,7 +15,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::Criterion;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::{q8_matmul, q8_matmul_quantized, Q8Kernel, Q8Matrix, Q8Rows};
+use triage_ops::{q8_matmul, q8_matmul_quantized, GgmlBlockType, Q8Kernel, Q8Matrix, Q8Rows};
 
 const K: usize = 896;
 const N: usize = 4864;
@@ -51,14 +53,6 @@ fn main() {
     }
     group.finish();
 
-    let time = |f: &dyn Fn()| {
-        f();
-        let start = Instant::now();
-        for _ in 0..5 {
-            f();
-        }
-        start.elapsed().as_secs_f64() / 5.0
-    };
     for (m, x) in ROWS.iter().zip(&inputs) {
         let t_ours = time(&|| drop(q8_matmul(x, &ours).expect("valid")));
         let t_candle = time(&|| drop(candle.forward(x).expect("valid")));
@@ -96,6 +90,48 @@ fn main() {
     }
 
     kernels(&mut rng);
+    narrow(&mut rng);
+}
+
+/// Q5_0 and Q4_1 weights of the `ffn_up` shape held narrow, against the Q8_0 rewrite of the same
+/// values (int8: fewer instructions, more bytes) and candle's own matmul of the type.
+fn narrow(rng: &mut StdRng) {
+    let w = random(N, K, rng);
+    for (ty, dtype) in [
+        (GgmlBlockType::Q5_0, GgmlDType::Q5_0),
+        (GgmlBlockType::Q4_1, GgmlDType::Q4_1),
+    ] {
+        let q = QTensor::quantize(&w, dtype).expect("quantize");
+        let ours = Q8Matrix::from_ggml_blocks(ty, N, K, &q.data().expect("bytes")).expect("narrow");
+        let dense = q.dequantize(&Device::Cpu).expect("dequantize");
+        let rewrite = QTensor::quantize(&dense, GgmlDType::Q8_0).expect("quantize");
+        let int8 = Q8Matrix::from_ggml_bytes(N, K, &rewrite.data().expect("bytes")).expect("q8");
+        let candle = QMatMul::from_qtensor(q).expect("qmatmul");
+        for m in ROWS {
+            let x = random(m, K, rng);
+            let t_ours = time(&|| drop(q8_matmul(&x, &ours).expect("valid")));
+            let t_int8 = time(&|| drop(q8_matmul(&x, &int8).expect("valid")));
+            let t_candle = time(&|| drop(candle.forward(&x).expect("valid")));
+            println!(
+                "{ty:?} narrow, rows {m:>3}: ours {:.2} ms, as Q8_0 {:.2} ms ({:.2}x ours), candle {ty:?} {:.2} ms ({:.2}x ours)",
+                t_ours * 1e3,
+                t_int8 * 1e3,
+                t_int8 / t_ours,
+                t_candle * 1e3,
+                t_candle / t_ours
+            );
+        }
+    }
+}
+
+/// Mean seconds of `f` over 5 runs after a warm-up.
+fn time(f: &dyn Fn()) -> f64 {
+    f();
+    let start = Instant::now();
+    for _ in 0..5 {
+        f();
+    }
+    start.elapsed().as_secs_f64() / 5.0
 }
 
 /// Each kernel on the `ffn_up` shape, activations quantized beforehand, against the AVX2 one.
