@@ -31,7 +31,8 @@
 //! fifth splits at 0.047), max logit difference 0.37. SmolLM2 keeps 2 of 5; the others split at
 //! 0.30, 0.33 and 0.17 nats, max logit difference 1.03. SmolLM2's split points are llama.cpp's
 //! own: its f16-cache run leaves its f32-cache golden run on the same two prompts at the same
-//! tokens (5 and 6), one of them at a gap of 0.33, with first-step logits up to 0.86 apart. So
+//! tokens (5 and 6), one of them at a gap of 0.33, with first-step logits up to 0.86 apart
+//! (`scripts/golden/llamacpp_spread.py`). So
 //! SmolLM2's near-tie is 0.35 nats and its logit bound 1.1, each just above llama.cpp's own
 //! spread on this file; the 0.5B keeps 0.25 and 0.45.
 
