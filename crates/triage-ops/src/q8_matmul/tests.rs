@@ -138,14 +138,13 @@ fn every_ggml_block_type_gives_its_product_with_every_kernel_alone_and_in_a_batc
         for &kernel in Q8Kernel::available() {
             let batch = q8_matmul_quantized(&a, &w, kernel).unwrap();
             assert_eq!(batch, portable, "{ty:?}, {kernel:?}");
-            for row in [0, 8, 69] {
-                let one = Q8Rows::quantize(1, k, &x[row * k..(row + 1) * k]).unwrap();
-                let alone = q8_matmul_quantized(&one, &w, kernel).unwrap();
-                assert_eq!(
-                    alone,
-                    batch[row * n..(row + 1) * n],
-                    "{ty:?}, {kernel:?}, {row}"
-                );
+            // Alone and in twos: the rows decode steps run, where some kernels widen the
+            // values in registers (`reads_narrow`) rather than a span at a time.
+            for (row, rows) in [(0, 1), (8, 1), (69, 1), (20, 2), (40, 5)] {
+                let few = Q8Rows::quantize(rows, k, &x[row * k..(row + rows) * k]).unwrap();
+                let alone = q8_matmul_quantized(&few, &w, kernel).unwrap();
+                let want = &batch[row * n..(row + rows) * n];
+                assert_eq!(alone, want, "{ty:?}, {kernel:?}, rows {row}..+{rows}");
             }
         }
     }
