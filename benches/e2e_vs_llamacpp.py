@@ -22,8 +22,9 @@ host (about 10 minutes on 2 cores), e.g. with AVX-512, VNNI and BF16 on and AMX 
       /tmp/venv-llama/bin/pip install --no-cache-dir llama-cpp-python==0.3.36 numpy
 (AVX2-only hosts: -DGGML_AVX512=OFF and the AVX-512 options off. A second build with the AMX
 options on, given as --llama-amx-python, adds a column where the host has AMX.)
-triage's AMX kernel is taken only when named: on an AMX host run the script once as it is and
-once with TRIAGE_Q8_KERNEL=amx in the environment (the triage processes inherit it).
+triage's AMX kernels are taken only when named: on an AMX host run the script once as it is and
+once with TRIAGE_Q8_KERNEL=amx TRIAGE_KQUANT_KERNEL=amx in the environment (the triage processes
+inherit it; the second covers the 1.5B's Q4_K).
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 

@@ -24,6 +24,12 @@ pub const QK_K: usize = 256;
 const TASK_ROWS: usize = tiles::TILE_ROWS;
 /// Activation rows per register tile.
 const TILE_A: usize = 4;
+/// Activation rows per AMX tile (`packed_q4k::amx`); the output tiles every kernel fills hold
+/// this many rows.
+#[cfg(target_arch = "x86_64")]
+const AMX_ROWS: usize = packed_q4k::amx::AMX_ROWS;
+#[cfg(not(target_arch = "x86_64"))]
+const AMX_ROWS: usize = 16;
 /// Activation rows reused against one task's weights before moving on.
 const ROW_CHUNK: usize = 16;
 
@@ -57,6 +63,10 @@ pub enum KQuantKernel {
     Avx2,
     /// AVX-512 VNNI: one `vpdpbusd` over 4 values of 16 packed rows.
     Avx512Vnni,
+    /// AMX-INT8 for Q4_K (`tdpbssd`: 16 activation rows by 16 weight rows per sub-block), the
+    /// VNNI kernel for Q6_K. Chosen only when `TRIAGE_KQUANT_KERNEL=amx` names it, until an AMX
+    /// host has measured it (it has not yet run on one).
+    Amx,
 }
 
 impl KQuantKernel {
@@ -66,11 +76,22 @@ impl KQuantKernel {
         AVAILABLE.get_or_init(cpu::available)
     }
 
-    /// The fastest kernel, or the one `TRIAGE_KQUANT_KERNEL` names when this CPU runs it.
+    /// The fastest measured kernel, or the one `TRIAGE_KQUANT_KERNEL` names when this CPU runs
+    /// it. AMX is taken only when named (see `KQuantKernel::Amx`).
     pub fn best() -> KQuantKernel {
         static BEST: std::sync::OnceLock<KQuantKernel> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            crate::kernel_choice::chosen("TRIAGE_KQUANT_KERNEL", Self::available(), Self::name)
+            let available = Self::available();
+            std::env::var("TRIAGE_KQUANT_KERNEL")
+                .ok()
+                .and_then(|name| Self::from_name(&name))
+                .or_else(|| {
+                    available
+                        .iter()
+                        .rev()
+                        .copied()
+                        .find(|&k| k != KQuantKernel::Amx)
+                })
                 .unwrap_or(KQuantKernel::Portable)
         })
     }
@@ -85,6 +106,7 @@ impl KQuantKernel {
             KQuantKernel::Portable => "portable",
             KQuantKernel::Avx2 => "avx2",
             KQuantKernel::Avx512Vnni => "avx512-vnni",
+            KQuantKernel::Amx => "amx",
         }
     }
 }

@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::{OpsError, Result};
 
 #[cfg(target_arch = "x86_64")]
-mod amx;
+pub(crate) mod amx;
 mod cpu;
 mod ggml_blocks;
 mod matrix;

@@ -5,7 +5,7 @@
 use super::packed_q4k::{self, PackedQ4K};
 use super::packed_q6k::{self, PackedQ6K};
 use super::tiles::TILE_ROWS;
-use super::{Acts, KQuantData, KQuantKernel, KQuantMatrix, Q8KRows, QK_K, TILE_A};
+use super::{Acts, KQuantData, KQuantKernel, KQuantMatrix, Q8KRows, AMX_ROWS, QK_K, TILE_A};
 
 /// The kernels this CPU can run, slowest first.
 pub(super) fn available() -> Vec<KQuantKernel> {
@@ -17,6 +17,9 @@ pub(super) fn available() -> Vec<KQuantKernel> {
             kernels.push(KQuantKernel::Avx2);
             if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                 kernels.push(KQuantKernel::Avx512Vnni);
+                if crate::q8_matmul::amx::usable() {
+                    kernels.push(KQuantKernel::Amx);
+                }
             }
         }
     }
@@ -56,7 +59,8 @@ pub(super) fn tiles(
 }
 
 /// Defines `$name`: row tile `t` (its first `num_w` rows) of a `$packed` matrix against `act`'s
-/// `num_a` rows, four at a time with AVX-512 VNNI, three with AVX2, one by one portably.
+/// `num_a` rows, sixteen at a time with AMX, four with AVX-512 VNNI, three with AVX2, one by one
+/// portably.
 macro_rules! packed_tiles {
     ($name:ident, $packed:ty, $module:ident) => {
         fn $name(
@@ -69,6 +73,7 @@ macro_rules! packed_tiles {
             dst: &mut [f32],
         ) {
             let step = match kernel {
+                KQuantKernel::Amx => AMX_ROWS,
                 KQuantKernel::Avx512Vnni => TILE_A,
                 // Three rows' int sums fit AVX2's 16 registers; four spilled one to the stack
                 // (`ops_kquant_matmul`, 128 rows, three alternations: Q4_K 115–138 GMAC/s
@@ -78,7 +83,10 @@ macro_rules! packed_tiles {
             };
             for c0 in (0..num_a).step_by(step) {
                 let ta = step.min(num_a - c0);
-                let mut out = [[0f32; TILE_ROWS]; TILE_A];
+                let mut all = [[0f32; TILE_ROWS]; AMX_ROWS];
+                let (out, _) = all
+                    .split_first_chunk_mut::<TILE_A>()
+                    .expect("16 rows hold 4");
                 // SAFETY: `kernel` came from `available()`, so the CPU runs the instructions it
                 // is compiled for; `t` is a row tile of `w` and `act` holds rows `c0..c0 + ta`.
                 #[cfg(target_arch = "x86_64")]
@@ -86,13 +94,14 @@ macro_rules! packed_tiles {
                 let done = unsafe {
                     use $module::x86::{row_avx2, tile_avx2, tile_vnni};
                     match (kernel, ta) {
-                        (KQuantKernel::Avx512Vnni, 4) => tile_vnni::<4>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx2, 3) => tile_avx2::<3>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, &mut out),
-                        (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, &mut out),
+                        (KQuantKernel::Amx, _) => $module::amx_tiles(w, t, act, c0, ta, &mut all),
+                        (KQuantKernel::Avx512Vnni, 4) => tile_vnni::<4>(w, t, act, c0, out),
+                        (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, out),
+                        (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, out),
+                        (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, out),
+                        (KQuantKernel::Avx2, 3) => tile_avx2::<3>(w, t, act, c0, out),
+                        (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, out),
+                        (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, out),
                         (KQuantKernel::Portable, _) => {}
                     }
                     kernel != KQuantKernel::Portable
@@ -100,13 +109,13 @@ macro_rules! packed_tiles {
                 #[cfg(not(target_arch = "x86_64"))]
                 let done = false;
                 if !done {
-                    for (c, row) in out.iter_mut().enumerate().take(ta) {
+                    for (c, row) in all.iter_mut().enumerate().take(ta) {
                         for (r, o) in row.iter_mut().enumerate().take(num_w) {
                             *o = $module::portable_row(w, t, r, act, c0 + c);
                         }
                     }
                 }
-                for (c, row) in out.iter().enumerate().take(ta) {
+                for (c, row) in all.iter().enumerate().take(ta) {
                     for (r, &o) in row.iter().enumerate().take(num_w) {
                         dst[r * num_a + c0 + c] = o;
                     }

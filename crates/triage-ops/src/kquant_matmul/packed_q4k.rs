@@ -104,4 +104,26 @@ pub(super) fn portable_row(w: &PackedQ4K, t: usize, r: usize, act: &Acts, c: usi
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
+
+/// Row tile `t` against activation rows `c0..c0 + rows` (up to 16) on the CPU's AMX tiles.
+///
+/// # Safety
+/// `KQuantKernel::Amx` is available (AMX usable, AVX-512 F/BW, F16C); `t` is a row tile of `w`
+/// and `act` holds rows `c0..c0 + rows`.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+pub(super) unsafe fn amx_tiles(
+    w: &PackedQ4K,
+    t: usize,
+    act: &Acts,
+    c0: usize,
+    rows: usize,
+    out: &mut [[f32; TILE_ROWS]; amx::AMX_ROWS],
+) {
+    let mut tiles = crate::q8_matmul::amx::Hardware;
+    // SAFETY: the caller's contract.
+    unsafe { amx::tile_amx(&mut tiles, w, t, act, c0, rows, out) }
+}

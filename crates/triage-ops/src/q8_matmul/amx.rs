@@ -8,7 +8,7 @@
 //! The instructions have no stable intrinsics: each is one line of inline assembly behind the
 //! `Tiles` trait, which a software model of the same instructions also implements. The kernel
 //! body is written once over `Tiles`, so hosts without AMX test it (on the model) and AMX hosts
-//! run it (on the CPU) with the same code.
+//! run it (on the CPU) with the same code. `kquant_matmul`'s AMX kernel uses the same tiles.
 #![allow(unsafe_code)]
 
 use std::arch::asm;
@@ -25,14 +25,14 @@ const A_ROW_BYTES: usize = QK8_0;
 /// Bytes of one row of a B or C tile: 16 weight rows × 4 values, or 16 int32 dot products.
 const BC_ROW_BYTES: usize = GROUP_ROWS * LANE_VALUES;
 /// The tile registers: A, the two B registers groups alternate between, and the first C.
-const TA: u8 = 0;
-const TB: u8 = 1;
-const TC: u8 = 4;
+pub(crate) const TA: u8 = 0;
+pub(crate) const TB: u8 = 1;
+pub(crate) const TC: u8 = 4;
 
 /// `ldtilecfg`'s 64-byte operand (palette 1): bytes per row and rows of each tile register.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct TileConfig {
+pub(crate) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -41,9 +41,16 @@ pub(super) struct TileConfig {
 }
 
 impl TileConfig {
-    /// tmm0: 8 rows × 32 bytes (A); tmm1, tmm2: 8 × 64 (B); tmm4..tmm7: 8 × 64 (C). The rest
-    /// unused (0 × 0).
+    /// This kernel's: `TileConfig::rows(8)`.
     fn kernel() -> Self {
+        Self::rows(TILE_ROWS)
+    }
+
+    /// tmm0: `rows` rows × 32 bytes (A: a block of 32 values of `rows` activation rows);
+    /// tmm1, tmm2: 8 × 64 (B: 8 steps of 16 weight rows × 4 values); tmm4..tmm7: `rows` × 64
+    /// (C: int32 sums of 16 weight rows). The rest unused (0 × 0).
+    pub(crate) fn rows(rows: usize) -> Self {
+        assert!((1..=16).contains(&rows), "a tile has 1 to 16 rows");
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,
@@ -51,23 +58,23 @@ impl TileConfig {
             colsb: [0; 16],
             rows: [0; 16],
         };
-        let mut set = |t: u8, colsb: usize| {
+        let mut set = |t: u8, rows: usize, colsb: usize| {
             c.colsb[t as usize] = colsb as u16;
-            c.rows[t as usize] = TILE_ROWS as u8;
+            c.rows[t as usize] = rows as u8;
         };
-        set(TA, A_ROW_BYTES);
+        set(TA, rows, A_ROW_BYTES);
         for t in [TB, TB + 1] {
-            set(t, BC_ROW_BYTES);
+            set(t, BLOCK_STEPS, BC_ROW_BYTES);
         }
         for t in TC..TC + SPAN_GROUPS as u8 {
-            set(t, BC_ROW_BYTES);
+            set(t, rows, BC_ROW_BYTES);
         }
         c
     }
 }
 
 /// The AMX instructions the kernel uses, on tile registers `tmm0..tmm7` named by number.
-pub(super) trait Tiles {
+pub(crate) trait Tiles {
     /// `ldtilecfg`.
     ///
     /// # Safety
@@ -94,7 +101,7 @@ pub(super) trait Tiles {
 /// The CPU's tile registers. An instruction names its registers in its encoding, so each
 /// register the kernel uses has its own line; the kernel's calls are inlined with constant
 /// numbers, which leaves one instruction. A register the kernel does not use is a bug: it panics.
-pub(super) struct Hardware;
+pub(crate) struct Hardware;
 
 impl Tiles for Hardware {
     unsafe fn configure(&mut self, config: &TileConfig) {
@@ -195,14 +202,14 @@ impl Tiles for Hardware {
 /// A software model of the same instructions (Intel SDM, "TDPBSSD"): 8 tile registers of up to
 /// 16 rows of 64 bytes, shaped by the last configuration.
 #[cfg(test)]
-pub(super) struct Model {
+pub(crate) struct Model {
     config: Option<TileConfig>,
     tiles: [[[u8; 64]; 16]; 8],
 }
 
 #[cfg(test)]
 impl Model {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             config: None,
             tiles: [[[0; 64]; 16]; 8],
@@ -274,7 +281,7 @@ impl Tiles for Model {
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 and the kernel lets this process use tile data
 /// (Linux asks for it once per process: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`).
-pub(super) fn usable() -> bool {
+pub(crate) fn usable() -> bool {
     // Leaf 7 exists on every CPU with AVX-512, which the kernel needs anyway.
     let leaf7 = __cpuid_count(7, 0);
     let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
