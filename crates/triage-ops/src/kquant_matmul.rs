@@ -63,8 +63,8 @@ pub enum KQuantKernel {
     Avx2,
     /// AVX-512 VNNI: one `vpdpbusd` over 4 values of 16 packed rows.
     Avx512Vnni,
-    /// AMX-INT8 for Q4_K (`tdpbssd`: 16 activation rows by 16 weight rows per sub-block), the
-    /// VNNI kernel for Q6_K. Chosen only when `TRIAGE_KQUANT_KERNEL=amx` names it, until an AMX
+    /// AMX-INT8 (`tdpbssd`: 16 activation rows by 16 weight rows per sub-block, 32 values for
+    /// Q4_K and 16 for Q6_K). Chosen only when `TRIAGE_KQUANT_KERNEL=amx` names it, until an AMX
     /// host has measured it (it has not yet run on one).
     Amx,
 }

@@ -98,13 +98,15 @@ pub(super) fn portable_row(w: &PackedQ6K, t: usize, r: usize, act: &Acts, c: usi
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
-/// What `KQuantKernel::Amx` runs for Q6_K: the AVX-512 VNNI kernel, four rows at a time (Q6_K has
-/// no AMX path yet; the AMX kernel is Q4_K's).
+/// Row tile `t` against activation rows `c0..c0 + rows` (up to 16) on the CPU's AMX tiles.
 ///
 /// # Safety
-/// As `x86::tile_vnni`, for rows `c0..c0 + rows` (up to 16).
+/// `KQuantKernel::Amx` is available (AMX usable, AVX-512 F/BW, F16C); `t` is a row tile of `w`
+/// and `act` holds rows `c0..c0 + rows`.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 pub(super) unsafe fn amx_tiles(
@@ -115,20 +117,7 @@ pub(super) unsafe fn amx_tiles(
     rows: usize,
     out: &mut [[f32; TILE_ROWS]; super::AMX_ROWS],
 ) {
-    for (chunk, first) in out[..rows]
-        .chunks_mut(super::TILE_A)
-        .zip((c0..).step_by(super::TILE_A))
-    {
-        let mut four = [[0f32; TILE_ROWS]; super::TILE_A];
-        // SAFETY: the caller's contract, for these rows.
-        unsafe {
-            match chunk.len() {
-                4 => x86::tile_vnni::<4>(w, t, act, first, &mut four),
-                3 => x86::tile_vnni::<3>(w, t, act, first, &mut four),
-                2 => x86::tile_vnni::<2>(w, t, act, first, &mut four),
-                _ => x86::tile_vnni::<1>(w, t, act, first, &mut four),
-            }
-        }
-        chunk.copy_from_slice(&four[..chunk.len()]);
-    }
+    let mut tiles = crate::q8_matmul::amx::Hardware;
+    // SAFETY: the caller's contract.
+    unsafe { amx::tile_amx(&mut tiles, w, t, act, c0, rows, out) }
 }

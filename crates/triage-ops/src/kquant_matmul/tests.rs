@@ -213,8 +213,9 @@ fn bad_shapes_are_errors() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
-    // AMX hosts run the body on their tiles through `kquant_matmul_quantized` above; this runs
-    // it on `q8_matmul::amx`'s software model of the instructions wherever AVX-512 BW is: row
+    // AMX hosts run the bodies (Q4_K's and Q6_K's) on their tiles through
+    // `kquant_matmul_quantized` above; this runs them on `q8_matmul::amx`'s software model of the
+    // instructions wherever AVX-512 BW is: row
     // tiles of 16 and a padded one (37 weight rows), 3 super-blocks, 1 to 16 activation rows
     // from the first and from a later row.
     use std::arch::is_x86_feature_detected as has;
@@ -222,32 +223,39 @@ fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
         eprintln!("no AVX-512 here: the AMX body is not run");
         return;
     }
-    let (_, w) = weights(GgmlDType::Q4K, 37, 768, 6);
     let a = acts(21, 768, 7);
-    let portable = kquant_matmul_quantized(&a, &w, KQuantKernel::Portable).unwrap();
-    let KQuantData::PackedQ4K(packed) = &w.data else {
-        panic!("Q4_K is packed")
-    };
     let act = Acts {
         nb: 3,
         d: &a.d,
         quants: &a.quants,
         bsums: &a.bsums,
     };
-    for (c0, rows) in [(0, 1), (0, 5), (0, 16), (5, 16), (20, 1)] {
-        for t in 0..3 {
-            let mut out = [[f32::NAN; tiles::TILE_ROWS]; AMX_ROWS];
-            let mut model = crate::q8_matmul::amx::Model::new();
-            // SAFETY: the features were detected above and the model needs no AMX; tile `t`
-            // exists and `act` holds rows `c0..c0 + rows`.
-            #[allow(unsafe_code)]
-            unsafe {
-                packed_q4k::amx::tile_amx(&mut model, packed, t, &act, c0, rows, &mut out)
-            };
-            for c in 0..rows {
-                for r in 0..16.min(37 - 16 * t) {
-                    let want = portable[(c0 + c) * 37 + 16 * t + r];
-                    assert_eq!(out[c][r], want, "rows {c0}+{c}, weight row {}", 16 * t + r);
+    for (_, ty) in TYPES {
+        let (_, w) = weights(ty, 37, 768, 6);
+        let portable = kquant_matmul_quantized(&a, &w, KQuantKernel::Portable).unwrap();
+        for (c0, rows) in [(0, 1), (0, 5), (0, 16), (5, 16), (20, 1)] {
+            for t in 0..3 {
+                let mut out = [[f32::NAN; tiles::TILE_ROWS]; AMX_ROWS];
+                let mut model = crate::q8_matmul::amx::Model::new();
+                // SAFETY: the features were detected above and the model needs no AMX; tile `t`
+                // exists and `act` holds rows `c0..c0 + rows`.
+                #[allow(unsafe_code)]
+                unsafe {
+                    match &w.data {
+                        KQuantData::PackedQ4K(p) => {
+                            packed_q4k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                        }
+                        KQuantData::PackedQ6K(p) => {
+                            packed_q6k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                        }
+                    }
+                };
+                for c in 0..rows {
+                    for r in 0..16.min(37 - 16 * t) {
+                        let want = portable[(c0 + c) * 37 + 16 * t + r];
+                        let at = format!("{ty:?}, rows {c0}+{c}, weight row {}", 16 * t + r);
+                        assert_eq!(out[c][r], want, "{at}");
+                    }
                 }
             }
         }

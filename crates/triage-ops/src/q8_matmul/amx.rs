@@ -50,7 +50,14 @@ impl TileConfig {
     /// tmm1, tmm2: 8 × 64 (B: 8 steps of 16 weight rows × 4 values); tmm4..tmm7: `rows` × 64
     /// (C: int32 sums of 16 weight rows). The rest unused (0 × 0).
     pub(crate) fn rows(rows: usize) -> Self {
+        Self::shape(rows, A_ROW_BYTES)
+    }
+
+    /// As `rows`, with `a_bytes` values per A row (a multiple of 4, up to 64) and B tiles of
+    /// `a_bytes / 4` steps.
+    pub(crate) fn shape(rows: usize, a_bytes: usize) -> Self {
         assert!((1..=16).contains(&rows), "a tile has 1 to 16 rows");
+        assert!(a_bytes.is_multiple_of(4) && (4..=64).contains(&a_bytes));
         let mut c = TileConfig {
             palette: 1,
             start_row: 0,
@@ -62,9 +69,9 @@ impl TileConfig {
             c.colsb[t as usize] = colsb as u16;
             c.rows[t as usize] = rows as u8;
         };
-        set(TA, rows, A_ROW_BYTES);
+        set(TA, rows, a_bytes);
         for t in [TB, TB + 1] {
-            set(t, BLOCK_STEPS, BC_ROW_BYTES);
+            set(t, a_bytes / LANE_VALUES, BC_ROW_BYTES);
         }
         for t in TC..TC + SPAN_GROUPS as u8 {
             set(t, rows, BC_ROW_BYTES);
