@@ -24,43 +24,6 @@ pub(super) const NEXT_BLOCK: usize = SPAN_GROUPS * GROUP_BLOCK_BYTES;
 pub(super) const NEXT_GROUP_SCALES: usize = GROUP_ROWS;
 pub(super) const NEXT_BLOCK_SCALES: usize = SPAN_GROUPS * GROUP_ROWS;
 
-/// The register tile shapes of the 512-bit kernel: `(groups, rows)` as `tile` chose them.
-macro_rules! avx512_shapes {
-    ($call:ident, $gw:expr, $na:expr) => {
-        match ($gw, $na) {
-            (4, 1) => $call!(4, 1),
-            (3, 1) => $call!(3, 1),
-            (2, 1) => $call!(2, 1),
-            (2, 2) => $call!(2, 2),
-            (2, 3) => $call!(2, 3),
-            (_, 1) => $call!(1, 1),
-            (_, 2) => $call!(1, 2),
-            (_, 3) => $call!(1, 3),
-            (_, 4) => $call!(1, 4),
-            (_, 5) => $call!(1, 5),
-            (_, 6) => $call!(1, 6),
-            (_, 7) => $call!(1, 7),
-            _ => $call!(1, 8),
-        }
-    };
-}
-
-/// The register tile shapes of the AVX2 decode kernel, `(groups, rows)` as `tile` chose them;
-/// `$else` for the rest.
-macro_rules! avx2_shapes {
-    ($call:ident, $gw:expr, $na:expr, $else:expr) => {
-        match ($gw, $na) {
-            (4, 1) => $call!(4, 1),
-            (3, 1) => $call!(3, 1),
-            (2, 1) => $call!(2, 1),
-            (1, 1) => $call!(1, 1),
-            (2, 2) => $call!(2, 2),
-            (1, 2) => $call!(1, 2),
-            _ => $else,
-        }
-    };
-}
-
 /// Runs `kernel` (an x86 kernel this CPU has, from `cpu::available`) on the tile of `args`, with
 /// `groups_left` weight groups from `args.group` on; returns how many groups it did.
 pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usize {
@@ -87,59 +50,108 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
     // `group..group + gw` exist in `w` and tile `tile` has `na` rows of `w.cols` columns in `a`
     // (`cpu::tiles` checked both); `out` holds every row's `gw · 16` values (asserted above).
     unsafe {
+        let ops = Operands {
+            w,
+            group,
+            a,
+            tile,
+            out,
+            out_stride,
+        };
         match kernel {
             Q8Kernel::Avx512Vnni if w.narrow.is_some() => {
-                let steps = avx512::Narrow::new(w, group);
-                macro_rules! call {
-                    ($gw:literal, $na:literal) => {
-                        avx512::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
-                    };
-                }
-                avx512_shapes!(call, gw, na)
+                avx512_shapes(&avx512::Narrow::new(w, group), &ops, gw, na)
             }
             Q8Kernel::Avx512Vnni => {
                 let start = Start::new(w, group, a, tile);
-                let steps = avx512::Int8(&start);
-                macro_rules! call {
-                    ($gw:literal, $na:literal) => {
-                        avx512::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
-                    };
-                }
-                avx512_shapes!(call, gw, na)
+                avx512_shapes(&avx512::Int8(&start), &ops, gw, na)
             }
             Q8Kernel::AvxVnni => halves(Half::AvxVnni, w, group, a, tile, out, out_stride),
             _ if w.narrow.is_some() => {
                 let steps = avx2::Narrow(avx512::Narrow::new(w, group));
-                macro_rules! call {
-                    ($gw:literal, $na:literal) => {
-                        avx2::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
-                    };
-                }
-                avx2_shapes!(
-                    call,
-                    gw,
-                    na,
-                    unreachable!("narrow values reach AVX2 in 1 or 2 rows")
-                )
+                let done = avx2_shapes(&steps, &ops, gw, na);
+                assert!(done, "narrow values reach AVX2 in 1 or 2 rows");
             }
             _ => {
                 let start = Start::new(w, group, a, tile);
-                let steps = avx2::Int8(&start);
-                macro_rules! call {
-                    ($gw:literal, $na:literal) => {
-                        avx2::tile::<_, $gw, $na>(&steps, w, group, a, tile, out, out_stride)
-                    };
+                if !avx2_shapes(&avx2::Int8(&start), &ops, gw, na) {
+                    halves(Half::Avx2, w, group, a, tile, out, out_stride);
                 }
-                avx2_shapes!(
-                    call,
-                    gw,
-                    na,
-                    halves(Half::Avx2, w, group, a, tile, out, out_stride)
-                )
             }
         }
     }
     gw
+}
+
+/// A register tile's operands, as `tile` checked them.
+struct Operands<'a> {
+    w: &'a Q8Matrix,
+    group: usize,
+    a: &'a Q8Rows,
+    tile: usize,
+    out: *mut f32,
+    out_stride: usize,
+}
+
+/// The 512-bit kernel on `(gw, na)`, the register tile shape `tile` chose.
+///
+/// # Safety
+/// As `avx512::tile`, for `gw` groups and `na` rows.
+unsafe fn avx512_shapes<S: avx512::Steps>(steps: &S, ops: &Operands, gw: usize, na: usize) {
+    let Operands {
+        w,
+        group,
+        a,
+        tile,
+        out,
+        out_stride,
+    } = *ops;
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (gw, na) {
+            (4, 1) => avx512::tile::<S, 4, 1>(steps, w, group, a, tile, out, out_stride),
+            (3, 1) => avx512::tile::<S, 3, 1>(steps, w, group, a, tile, out, out_stride),
+            (2, 1) => avx512::tile::<S, 2, 1>(steps, w, group, a, tile, out, out_stride),
+            (2, 2) => avx512::tile::<S, 2, 2>(steps, w, group, a, tile, out, out_stride),
+            (2, 3) => avx512::tile::<S, 2, 3>(steps, w, group, a, tile, out, out_stride),
+            (_, 1) => avx512::tile::<S, 1, 1>(steps, w, group, a, tile, out, out_stride),
+            (_, 2) => avx512::tile::<S, 1, 2>(steps, w, group, a, tile, out, out_stride),
+            (_, 3) => avx512::tile::<S, 1, 3>(steps, w, group, a, tile, out, out_stride),
+            (_, 4) => avx512::tile::<S, 1, 4>(steps, w, group, a, tile, out, out_stride),
+            (_, 5) => avx512::tile::<S, 1, 5>(steps, w, group, a, tile, out, out_stride),
+            (_, 6) => avx512::tile::<S, 1, 6>(steps, w, group, a, tile, out, out_stride),
+            (_, 7) => avx512::tile::<S, 1, 7>(steps, w, group, a, tile, out, out_stride),
+            _ => avx512::tile::<S, 1, 8>(steps, w, group, a, tile, out, out_stride),
+        }
+    }
+}
+
+/// The AVX2 decode kernel on `(gw, na)` if it has that shape (1 or 2 rows); false otherwise.
+///
+/// # Safety
+/// As `avx2::tile`, for `gw` groups and `na` rows.
+unsafe fn avx2_shapes<S: avx2::Steps>(steps: &S, ops: &Operands, gw: usize, na: usize) -> bool {
+    let Operands {
+        w,
+        group,
+        a,
+        tile,
+        out,
+        out_stride,
+    } = *ops;
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (gw, na) {
+            (4, 1) => avx2::tile::<S, 4, 1>(steps, w, group, a, tile, out, out_stride),
+            (3, 1) => avx2::tile::<S, 3, 1>(steps, w, group, a, tile, out, out_stride),
+            (2, 1) => avx2::tile::<S, 2, 1>(steps, w, group, a, tile, out, out_stride),
+            (1, 1) => avx2::tile::<S, 1, 1>(steps, w, group, a, tile, out, out_stride),
+            (2, 2) => avx2::tile::<S, 2, 2>(steps, w, group, a, tile, out, out_stride),
+            (1, 2) => avx2::tile::<S, 1, 2>(steps, w, group, a, tile, out, out_stride),
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// The 256-bit kernels.
