@@ -103,12 +103,13 @@ impl Q8Kernel {
 
     /// Whether the kernel reads 4- and 5-bit values as they are stored (widening them in
     /// registers) for `num_a` activation rows: AVX-512 VNNI below `WIDEN_ROWS`, AVX2 in its
-    /// decode tiles (1 or 2 rows). Otherwise a span at a time is widened to int8 first.
+    /// decode tiles (1 or 2 rows; AVX-VNNI hosts run those too). Otherwise a span at a time is
+    /// widened to int8 first.
     fn reads_narrow(self, num_a: usize) -> bool {
         match self {
             Q8Kernel::Avx512Vnni => num_a < WIDEN_ROWS,
-            Q8Kernel::Avx2 => num_a <= 2,
-            _ => false,
+            Q8Kernel::Avx2 | Q8Kernel::AvxVnni => num_a <= 2,
+            Q8Kernel::Portable | Q8Kernel::Amx => false,
         }
     }
 

@@ -36,6 +36,12 @@ pub(super) fn tile(kernel: Q8Kernel, args: TileArgs, groups_left: usize) -> usiz
         out_stride,
     } = args;
     let na = a.tile_rows(tile);
+    // AVX-VNNI's kernel reads int8 values only; narrow values reach an AVX-VNNI host's decode
+    // tiles through AVX2's (`Q8Kernel::reads_narrow`), which that host has too.
+    let kernel = match kernel {
+        Q8Kernel::AvxVnni if w.narrow.is_some() => Q8Kernel::Avx2,
+        kernel => kernel,
+    };
     // Per group and row, the kernel writes 16 lanes of the row's output.
     let gw = match (kernel, na) {
         (Q8Kernel::Avx512Vnni | Q8Kernel::Avx2, 1) => groups_left.min(4),
