@@ -383,7 +383,7 @@ unsafe fn tile<T: Tiles, const GW: usize>(
 /// 64-byte alignment for tile memory (not required by the instructions, but a tile row then
 /// never straddles a cache line).
 #[repr(C, align(64))]
-struct Aligned<T>(T);
+pub(crate) struct Aligned<T>(pub(crate) T);
 
 /// Runs the kernel on the CPU's tiles (`usable` said yes, as `cpu::available` checks) for the
 /// tile of `args`, with `groups_left` weight groups from `args.group` on; returns how many groups

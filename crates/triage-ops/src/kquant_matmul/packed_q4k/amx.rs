@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use super::super::tiles::TILE_ROWS;
 use super::super::Acts;
 use super::{PackedQ4K, DMIN_AT, D_AT, MINS_AT, QS_AT, SCALES_AT};
-use crate::q8_matmul::amx::{TileConfig, Tiles, TA, TB, TC};
+use crate::q8_matmul::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
 
 /// Activation rows a call takes: one A tile.
 pub(in super::super) const AMX_ROWS: usize = 16;
@@ -105,7 +105,3 @@ pub(in super::super) unsafe fn tile_amx<T: Tiles>(
         }
     }
 }
-
-/// 64-byte alignment for tile memory (a tile row then never straddles a cache line).
-#[repr(C, align(64))]
-struct Aligned<T>(T);

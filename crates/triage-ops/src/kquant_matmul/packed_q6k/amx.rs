@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::super::tiles::TILE_ROWS;
 use super::super::{Acts, AMX_ROWS};
 use super::{PackedQ6K, D_AT, QH_AT, QL_AT, SCALES_AT};
-use crate::q8_matmul::amx::{TileConfig, Tiles, TA, TB, TC};
+use crate::q8_matmul::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
 
 /// Sub-blocks per super-block, values in each, and those in flight at once (one C tile each).
 const SUB_BLOCKS: usize = 16;
@@ -108,7 +108,3 @@ pub(in super::super) unsafe fn tile_amx<T: Tiles>(
         }
     }
 }
-
-/// 64-byte alignment for tile memory (a tile row then never straddles a cache line).
-#[repr(C, align(64))]
-struct Aligned<T>(T);
