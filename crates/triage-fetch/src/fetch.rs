@@ -154,14 +154,14 @@ struct Stamp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct StampFile {
     file_name: String,
-    /// sha256 of the assembled source, as in the catalog.
+    /// sha256 of the assembled source, as in the catalog: the installed file's, since files are
+    /// installed as shipped.
     source_sha256: String,
     /// Set by triage before 2026-12-05, which rewrote Q4_1/Q5_0 models as Q8_0 at fetch: such a
     /// file is fetched again as shipped (the CPU kernels hold those types now).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     requantized: bool,
     size: u64,
-    sha256: String,
 }
 
 fn stamp_path(dest_dir: &Path, name: &str) -> PathBuf {
@@ -195,7 +195,7 @@ fn up_to_date(entry: &CatalogEntry, dest_dir: &Path) -> Option<Vec<FetchedFile>>
         files.push(FetchedFile {
             path,
             size: have.size,
-            sha256: have.sha256.clone(),
+            sha256: have.source_sha256.clone(),
         });
     }
     Some(files)
@@ -230,7 +230,6 @@ fn fetch_entry(
             source_sha256: file.sha256.to_string(),
             requantized: false,
             size,
-            sha256: file.sha256.to_string(),
         });
         installed.push((
             raw,
@@ -501,7 +500,8 @@ fn sha256_file(path: &Path, progress: bool, what: &str) -> Result<String> {
     Ok(format!("{:x}", hasher.finalize()))
 }
 
-/// Installs a local GGUF as `models/<file stem>/model.gguf`, as it is. Always runs (a local file can change under the same name); the stamp records it.
+/// Installs a local GGUF as `models/<file stem>/model.gguf`, as it is. Always runs (a local file
+/// can change under the same name); the stamp records it.
 fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome> {
     let name = src
         .file_stem()
@@ -528,7 +528,6 @@ fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome>
             source_sha256: source_sha256.clone(),
             requantized: false,
             size,
-            sha256: source_sha256.clone(),
         }],
     };
     let file = FetchedFile {

@@ -13,8 +13,8 @@
 //!
 //! GGML's 4- and 5-bit blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1) are held without loss at their
 //! width (`narrow`). The AVX-512 kernel and AVX2's decode tiles widen them in registers; elsewhere
-//! a span at a time is widened to int8 into a scratch matrix. Those with a min per block (`d · q + m`) add `Σ m · Σa` after the kernels' products
-//! (`mins`), one order for every kernel.
+//! a span at a time is widened to int8 into a scratch matrix. Those with a min per block
+//! (`d · q + m`) add `Σ m · Σa` after the kernels' products (`mins`), one order for every kernel.
 
 use candle_core::{DType, Device, Tensor};
 

@@ -58,6 +58,12 @@ pub(super) fn tiles(
     }
 }
 
+/// `all` as the `N` output rows a kernel fills (the buffer was made for that kernel).
+#[cfg(target_arch = "x86_64")]
+fn rows<const N: usize>(all: &mut [[f32; TILE_ROWS]]) -> &mut [[f32; TILE_ROWS]; N] {
+    all.try_into().expect("the kernel's output rows")
+}
+
 /// Defines `$name`: row tile `t` (its first `num_w` rows) of a `$packed` matrix against `act`'s
 /// `num_a` rows, sixteen at a time with AMX, four with AVX-512 VNNI, three with AVX2, one by one
 /// portably.
@@ -83,25 +89,32 @@ macro_rules! packed_tiles {
             };
             for c0 in (0..num_a).step_by(step) {
                 let ta = step.min(num_a - c0);
-                let mut all = [[0f32; TILE_ROWS]; AMX_ROWS];
-                let (out, _) = all
-                    .split_first_chunk_mut::<TILE_A>()
-                    .expect("16 rows hold 4");
+                // 16 output rows for AMX only: zeroing them for every tile of a decode step
+                // would add to its hot loop what the other kernels never read.
+                let (mut rows_amx, mut rows_reg);
+                let all: &mut [[f32; TILE_ROWS]] = if kernel == KQuantKernel::Amx {
+                    rows_amx = [[0f32; TILE_ROWS]; AMX_ROWS];
+                    &mut rows_amx
+                } else {
+                    rows_reg = [[0f32; TILE_ROWS]; TILE_A];
+                    &mut rows_reg
+                };
                 // SAFETY: `kernel` came from `available()`, so the CPU runs the instructions it
                 // is compiled for; `t` is a row tile of `w` and `act` holds rows `c0..c0 + ta`.
                 #[cfg(target_arch = "x86_64")]
                 #[allow(unsafe_code)]
                 let done = unsafe {
                     use $module::x86::{row_avx2, tile_avx2, tile_vnni};
+                    let (amx, reg) = (rows::<AMX_ROWS>, rows::<TILE_A>);
                     match (kernel, ta) {
-                        (KQuantKernel::Amx, _) => $module::amx_tiles(w, t, act, c0, ta, &mut all),
-                        (KQuantKernel::Avx512Vnni, 4) => tile_vnni::<4>(w, t, act, c0, out),
-                        (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, out),
-                        (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, out),
-                        (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, out),
-                        (KQuantKernel::Avx2, 3) => tile_avx2::<3>(w, t, act, c0, out),
-                        (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, out),
-                        (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, out),
+                        (KQuantKernel::Amx, _) => $module::amx_tiles(w, t, act, c0, ta, amx(all)),
+                        (KQuantKernel::Avx512Vnni, 4) => tile_vnni::<4>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx512Vnni, 3) => tile_vnni::<3>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx512Vnni, 2) => tile_vnni::<2>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx512Vnni, _) => tile_vnni::<1>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx2, 3) => tile_avx2::<3>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx2, 2) => tile_avx2::<2>(w, t, act, c0, reg(all)),
+                        (KQuantKernel::Avx2, _) => row_avx2(w, t, act, c0, reg(all)),
                         (KQuantKernel::Portable, _) => {}
                     }
                     kernel != KQuantKernel::Portable

@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 
 use super::super::tiles::TILE_ROWS;
 use super::super::Acts;
-use super::{PackedQ4K, DMIN_AT, D_AT, MINS_AT, QS_AT, SCALES_AT};
+use super::{PackedQ4K, DMIN_AT, D_AT, QS_AT, SCALES_AT};
 use crate::q8_matmul::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
 
 /// Activation rows a call takes: one A tile.
@@ -86,13 +86,7 @@ pub(in super::super) unsafe fn tile_amx<T: Tiles>(
             let dminv = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(DMIN_AT).cast()));
             for c in 0..rows {
                 let (ya, _, bsums) = act.block(c0 + c, b);
-                let mut s2 = _mm512_setzero_si512();
-                for s in 0..SUB_BLOCKS {
-                    let m =
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128(tile.add(MINS_AT + 16 * s).cast()));
-                    let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
-                    s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(m, _mm512_set1_epi32(a)));
-                }
+                let s2 = super::x86::min_sums(tile, bsums);
                 let y = _mm512_set1_ps(ya);
                 let s1f = _mm512_cvtepi32_ps(s1[c]);
                 acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dv, y), s1f, acc[c]);

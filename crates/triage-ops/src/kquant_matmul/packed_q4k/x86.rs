@@ -64,14 +64,7 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
         let dminv = _mm512_cvtph_ps(_mm256_loadu_si256(tile.add(DMIN_AT) as *const __m256i));
         for c in 0..C {
             let (ya, _, bsums) = act.block(c0 + c, b);
-            let mut s2 = _mm512_setzero_si512();
-            for s in 0..8 {
-                let m = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                    tile.add(MINS_AT + 16 * s) as *const __m128i
-                ));
-                let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
-                s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(m, _mm512_set1_epi32(a)));
-            }
+            let s2 = min_sums(tile, bsums);
             let y = _mm512_set1_ps(ya);
             let s1f = _mm512_cvtepi32_ps(s1[c]);
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(dv, y), s1f, acc[c]);
@@ -81,6 +74,24 @@ pub(in super::super) unsafe fn tile_vnni<const C: usize>(
     for c in 0..C {
         _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]);
     }
+}
+
+/// The tile's 16 rows' `S2 = Σ_s min_s · Σa_s` for one activation row's super-block sums
+/// (`bsums`, by 16): what the AVX-512 kernels (VNNI and AMX) subtract.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW; `tile` is a packed Q4_K tile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(in super::super) unsafe fn min_sums(tile: *const u8, bsums: &[i16]) -> __m512i {
+    let mut s2 = _mm512_setzero_si512();
+    for s in 0..8 {
+        // SAFETY: the caller's contract; the mins lie inside the tile.
+        let m = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(tile.add(MINS_AT + 16 * s).cast()) });
+        let a = bsums[2 * s] as i32 + bsums[2 * s + 1] as i32;
+        s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(m, _mm512_set1_epi32(a)));
+    }
+    s2
 }
 
 /// Row tile `t` against activation rows `c0..c0 + C` (`C ≤ 3`), one 8-row half at a time:
