@@ -38,12 +38,13 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use serde_json::Value;
 use triage::{
     generate, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams,
 };
-use triage_models::attention::ContiguousKvCache;
+use triage_models::paged_kv_cache::{default_kv_dtype, PagedSequence};
 
 /// Two log-probabilities (or logits) closer than a model's near-tie are a near-tie: llama.cpp's
 /// own choice of an f16 or f32 K/V cache moves the 0.5B's logits by a few tenths and splits
@@ -59,14 +60,14 @@ fn golden(name: &str) -> Value {
         .expect("golden json")
 }
 
-fn fetched(name: &str) -> Model {
+fn fetched(name: &str) -> Arc<Model> {
     let path = triage_models::paths::fetched_gguf(name);
     assert!(
         path.exists(),
         "{} missing: run `triage models fetch {name}` (scripts/test does)",
         path.display()
     );
-    Model::load(name, &path, &LoadOptions::default()).expect("load model")
+    Arc::new(Model::load(name, &path, &LoadOptions::default()).expect("load model"))
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -78,7 +79,14 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn first_logits(model: &Model, prompt_ids: &[u32]) -> Vec<f32> {
-    let mut cache = ContiguousKvCache::new(model.transformer.config().num_layers);
+    let t = &model.transformer;
+    let mut cache = PagedSequence::new(
+        t.config(),
+        prompt_ids.len(),
+        default_kv_dtype(t.device()),
+        t.device(),
+    )
+    .unwrap();
     let positions: Vec<u32> = (0..prompt_ids.len() as u32).collect();
     let logits = model
         .transformer
@@ -88,7 +96,7 @@ fn first_logits(model: &Model, prompt_ids: &[u32]) -> Vec<f32> {
 }
 
 /// Greedy tokens with each step's five most likely tokens.
-fn greedy(model: &Model, prompt_ids: &[u32]) -> Vec<triage::TokenOutput> {
+fn greedy(model: &Arc<Model>, prompt_ids: &[u32]) -> Vec<triage::TokenOutput> {
     let request = GenerateRequest {
         prompt: Prompt::Tokens(prompt_ids.to_vec()),
         params: SamplingParams {

@@ -1,20 +1,19 @@
-//! Single-request generation: prefill the prompt, then decode step by step, each step's logits
-//! reduced once (max, log-sum-exp, entropy, argmax, top-k) for logprobs and the entropy monitor.
+//! What a generation request is and gives back, and `generate`: one request run to its end on an
+//! `LlmEngine` (the only decode loop), its streamed events collected into a `GenerationOutput`.
 
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::Tensor;
 use serde::Serialize;
-use triage_models::attention::ContiguousKvCache;
 use triage_models::chat_template::ChatMessage;
 use triage_models::model::Model;
-use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 
 use crate::entropy_monitor::{
-    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, StepValue, DEFAULT_WINDOW,
+    Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, DEFAULT_WINDOW,
 };
-use crate::sampler::{Sampler, SamplingParams};
-use crate::stop::StopChecker;
+use crate::llm_engine::{EngineConfig, KvBudget, LlmEngine, RequestId, StreamEvent};
+use crate::sampler::SamplingParams;
 use crate::{EngineError, Result};
 
 /// What to generate from.
@@ -183,170 +182,170 @@ pub fn tokenize_prompt(model: &Model, prompt: &Prompt) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// Generate for one request. `on_token` sees each token and the text it adds to the output
-/// (already cut at stop strings) as soon as it is produced, and returns `false` to cancel; a
-/// last call with no token carries text held back until the end (an incomplete UTF-8 sequence or
-/// the start of a stop string that never completed). The streamed pieces add up to `text`.
+/// Generate for one request on an engine of its own, sized for it (its prompt and `max_tokens` in
+/// KV blocks, prefill in chunks of [`PREFILL_CHUNK`]). `on_token` sees each token and the text it
+/// adds to the output (already cut at stop strings) as soon as it is produced, and returns `false`
+/// to cancel; a last call with no token carries text held back until the end (an incomplete UTF-8
+/// sequence or the start of a stop string that never completed). The streamed pieces add up to
+/// `text`.
 pub fn generate(
-    model: &Model,
+    model: &Arc<Model>,
     request: &GenerateRequest,
-    mut on_token: impl FnMut(Option<&TokenOutput>, &str) -> bool,
+    on_token: impl FnMut(Option<&TokenOutput>, &str) -> bool,
 ) -> Result<GenerationOutput> {
-    let params = &request.params;
-    params.validate()?;
-    check_hidden_layers(model, params)?;
-    let settings = request.entropy;
-    let prompt_ids = tokenize_prompt(model, &request.prompt)?;
-    let context_length = model.context_length();
-    let max_tokens = resolve_max_tokens(prompt_ids.len(), params.max_tokens, context_length)?;
-    let mut sampler = Sampler::new(params.clone(), &prompt_ids)?;
-    let mut stop = StopChecker::new(&params.stop)?;
-    let mut monitor = match settings.threshold {
-        Some(tau) => Some(EntropyMonitor::new(
-            tau,
-            settings.window,
-            settings.estimator,
-            settings.unit,
-        )?),
-        None => None,
-    };
-    let top_k = reduction_k(params, settings.estimator);
-    let transformer = &model.transformer;
-    let mut cache = ContiguousKvCache::new(transformer.config().num_layers);
-    cache.reserve(prompt_ids.len() + max_tokens);
-    let mut decoder = model.tokenizer.stream_decoder(true);
-
-    let start = Instant::now();
-    let (mut logits, mut hidden) = prefill(
-        transformer,
-        &prompt_ids,
-        hidden_layers(params, 0),
-        &mut cache,
+    request.params.validate()?;
+    let prompt = tokenize_prompt(model, &request.prompt)?;
+    let max_tokens = resolve_max_tokens(
+        prompt.len(),
+        request.params.max_tokens,
+        model.context_length(),
     )?;
-    let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
-    let decode_start = Instant::now();
+    let block_size = EngineConfig::default().block_size;
+    let config = EngineConfig {
+        // The pool keeps one block back (the null block).
+        kv_budget: KvBudget::Blocks((prompt.len() + max_tokens).div_ceil(block_size) + 1),
+        block_size,
+        max_num_batched_tokens: PREFILL_CHUNK,
+        max_num_seqs: 1,
+        prefix_caching: false,
+        kv_dtype: None,
+    };
+    let mut engine = LlmEngine::new(model.clone(), config)?;
+    let request = GenerateRequest {
+        prompt: Prompt::Tokens(prompt),
+        ..request.clone()
+    };
+    engine.generate(&request, on_token)
+}
 
-    let mut tokens: Vec<TokenOutput> = Vec::new();
-    let mut text = String::new();
-    let mut finish_reason = FinishReason::Length;
-    let mut decision = None;
-    while tokens.len() < max_tokens {
-        let stats = reduce_row(&logits, top_k)?;
-        // The row leaves the device only for a sampler that draws or penalises, or for scoring.
-        let row = if sampler.takes_argmax() && params.score_token_ids.is_empty() {
-            None
-        } else {
-            Some(logits.flatten_all()?.to_vec1::<f32>()?)
-        };
-        let (id, logprob) = match &row {
-            None => (
-                sampler.record_argmax(&stats)?,
-                stats.max - stats.log_sum_exp,
-            ),
-            Some(row) => {
-                let id = sampler.sample(row)?;
-                (id, row[id as usize] - stats.log_sum_exp)
+impl LlmEngine {
+    /// Run `request` to its end on this engine (other requests it holds step along with it) and
+    /// collect what it streamed; `on_token` is as for [`generate`]. A failed step ends every
+    /// request the engine holds, as a server's worker ends them.
+    pub fn generate(
+        &mut self,
+        request: &GenerateRequest,
+        mut on_token: impl FnMut(Option<&TokenOutput>, &str) -> bool,
+    ) -> Result<GenerationOutput> {
+        let start = Instant::now();
+        let (id, rx) = self.add_request(request)?;
+        let mut run = OneRun::new(id, rx);
+        while run.finished.is_none() {
+            if let Err(e) = self.step() {
+                self.fail_all(&e.to_string());
+                return Err(e);
             }
-        };
-        let is_eos = (!params.ignore_eos && model.tokenizer.is_eos(id))
-            || params.stop_token_ids.contains(&id);
-        if is_eos {
-            finish_reason = FinishReason::Stop;
-            break;
+            run.drain(self, &mut on_token);
         }
-        let value = settings
-            .estimator
-            .step_value(&stats, logprob, settings.unit)?;
-        let token = TokenOutput {
+        run.into_output(request.entropy, start)
+    }
+}
+
+/// One request's events as they arrive, for [`LlmEngine::generate`].
+struct OneRun {
+    id: RequestId,
+    rx: Receiver<StreamEvent>,
+    tokens: Vec<TokenOutput>,
+    text: String,
+    first_event: Option<Instant>,
+    /// `on_token` asked to stop.
+    cancelled: bool,
+    finished: Option<(FinishReason, usize)>,
+}
+
+impl OneRun {
+    fn new(id: RequestId, rx: Receiver<StreamEvent>) -> Self {
+        Self {
             id,
-            text: model.tokenizer.decode(&[id], false)?,
-            logprob,
-            entropy: value,
-            top_logprobs: stats
-                .top_k
-                .iter()
-                .take(params.top_logprobs)
-                .copied()
-                .collect(),
-            scored_logprobs: row.as_deref().map_or_else(Vec::new, |row| {
-                scored_logprobs(row, stats.log_sum_exp, &params.score_token_ids)
-            }),
-            hidden: hidden_rows(&hidden, 0)?,
-        };
-        let piece = decoder.step(&model.tokenizer, id)?.unwrap_or_default();
-        let out = stop.push(&piece);
-        text.push_str(&out.text);
-        tokens.push(token);
-        let keep_going = on_token(tokens.last(), &out.text);
-        if out.matched.is_some() {
-            finish_reason = FinishReason::Stop;
-            break;
+            rx,
+            tokens: Vec::new(),
+            text: String::new(),
+            first_event: None,
+            cancelled: false,
+            finished: None,
         }
-        if let Some(m) = monitor.as_mut() {
-            let d = m.observe(value)?;
-            if let Decision::Escalate { .. } = d {
-                decision = Some(d);
-                if settings.stop_on_escalate {
-                    finish_reason = FinishReason::Escalate;
-                    break;
+    }
+
+    /// Take the events a step sent, calling `on_token` for each piece of text.
+    fn drain(
+        &mut self,
+        engine: &mut LlmEngine,
+        on_token: &mut impl FnMut(Option<&TokenOutput>, &str) -> bool,
+    ) {
+        while let Ok(event) = self.rx.try_recv() {
+            self.first_event.get_or_insert_with(Instant::now);
+            match event {
+                StreamEvent::Token(token, piece) => {
+                    self.text.push_str(&piece);
+                    let keep_going = on_token(Some(&token), &piece);
+                    self.tokens.push(token);
+                    if !keep_going && !self.cancelled {
+                        self.cancelled = true;
+                        engine.cancel(self.id);
+                    }
+                }
+                StreamEvent::Text(piece) => {
+                    self.text.push_str(&piece);
+                    on_token(None, &piece);
+                }
+                StreamEvent::Finished { reason, usage } => {
+                    self.finished = Some((reason, usage.prompt_tokens));
                 }
             }
         }
-        if !keep_going {
-            finish_reason = FinishReason::Cancelled;
-            break;
-        }
-        if tokens.len() >= max_tokens {
-            break;
-        }
-        let pos = (prompt_ids.len() + tokens.len() - 1) as u32;
-        let layers = hidden_layers(params, tokens.len());
-        (logits, hidden) =
-            transformer.forward_with_hidden(&[id], &[pos], &[0], layers, &mut cache)?;
     }
-    if !stop.is_stopped() {
-        let mut tail = String::new();
-        if let Some(rest) = decoder.flush(&model.tokenizer)? {
-            tail.push_str(&stop.push(&rest).text);
-        }
-        if !stop.is_stopped() {
-            tail.push_str(&stop.finish());
-        }
-        if !tail.is_empty() {
-            text.push_str(&tail);
-            on_token(None, &tail);
-        }
-    }
-    if let Some(m) = monitor.as_mut() {
-        decision = Some(decision.unwrap_or_else(|| m.finish()));
-    }
-    let window_len = tokens.len().min(settings.window);
-    let mean = (window_len > 0)
-        .then(|| {
-            tokens[..window_len]
+
+    /// The output, with the decision of a monitor over the tokens' values when the request had a
+    /// threshold (the same values the engine's monitor saw, so the same decision).
+    fn into_output(self, settings: EntropySettings, start: Instant) -> Result<GenerationOutput> {
+        let end = Instant::now();
+        let (reason, prompt_tokens) = self
+            .finished
+            .ok_or_else(|| EngineError::Invalid("the request never finished".into()))?;
+        // A stop string or an escalation in the step that was cancelled still ends it as such.
+        let finish_reason = match reason {
+            FinishReason::Stop | FinishReason::Escalate => reason,
+            _ if self.cancelled => FinishReason::Cancelled,
+            _ => reason,
+        };
+        let decision = match settings.threshold {
+            Some(tau) => {
+                let mut monitor =
+                    EntropyMonitor::new(tau, settings.window, settings.estimator, settings.unit)?;
+                for t in &self.tokens {
+                    monitor.observe(t.entropy)?;
+                }
+                Some(monitor.finish())
+            }
+            None => None,
+        };
+        let window_len = self.tokens.len().min(settings.window);
+        let mean = (window_len > 0).then(|| {
+            let sum: f64 = self.tokens[..window_len]
                 .iter()
-                .map(|t| t.entropy as f64)
-                .sum::<f64>()
-                / window_len as f64
+                .map(|t| f64::from(t.entropy))
+                .sum();
+            (sum / window_len as f64) as f32
+        });
+        let first = self.first_event.unwrap_or(end);
+        Ok(GenerationOutput {
+            text: self.text,
+            prompt_tokens,
+            completion_tokens: self.tokens.len(),
+            tokens: self.tokens,
+            finish_reason,
+            mean_entropy: MeanEntropy {
+                value: mean,
+                unit: settings.unit,
+                window: settings.window,
+            },
+            decision,
+            timings: Timings {
+                prefill_ms: (first - start).as_secs_f64() * 1e3,
+                decode_ms: (end - first).as_secs_f64() * 1e3,
+            },
         })
-        .map(|m| m as f32);
-    Ok(GenerationOutput {
-        text,
-        prompt_tokens: prompt_ids.len(),
-        completion_tokens: tokens.len(),
-        tokens,
-        finish_reason,
-        mean_entropy: MeanEntropy {
-            value: mean,
-            unit: settings.unit,
-            window: settings.window,
-        },
-        decision,
-        timings: Timings {
-            prefill_ms,
-            decode_ms: decode_start.elapsed().as_secs_f64() * 1e3,
-        },
-    })
+    }
 }
 
 /// How many tokens may be generated: `max_tokens` if it fits, else an error; the rest of the
@@ -373,41 +372,10 @@ pub fn resolve_max_tokens(
     }
 }
 
-/// Top-k size of the fused reduction: what the request's logprobs need, and 20 for the top-k
-/// entropy estimators.
 /// Prompt tokens per forward pass of a prefill (llama.cpp's micro-batch): a long prompt's
 /// activations (the MLP's are `chunk × intermediate` f32 values) stay a fixed size instead of
 /// growing with the prompt. Every row gives the same bits whatever the chunking.
 pub const PREFILL_CHUNK: usize = 512;
-
-/// Runs `prompt_ids` into `cache` in chunks of [`PREFILL_CHUNK`]; returns the last token's
-/// logits and its state at `hidden_layers`.
-fn prefill(
-    transformer: &triage_models::transformer::Transformer,
-    prompt_ids: &[u32],
-    hidden_layers: &[usize],
-    cache: &mut ContiguousKvCache,
-) -> Result<(Tensor, Vec<Tensor>)> {
-    let mut out = None;
-    let num_chunks = prompt_ids.len().div_ceil(PREFILL_CHUNK);
-    for (i, chunk) in prompt_ids.chunks(PREFILL_CHUNK).enumerate() {
-        let first = (i * PREFILL_CHUNK) as u32;
-        let positions: Vec<u32> = (first..first + chunk.len() as u32).collect();
-        let layers = if i + 1 == num_chunks {
-            hidden_layers
-        } else {
-            &[]
-        };
-        out = Some(transformer.forward_with_hidden(
-            chunk,
-            &positions,
-            &[chunk.len() - 1],
-            layers,
-            cache,
-        )?);
-    }
-    out.ok_or_else(|| EngineError::Invalid("the prompt is empty".into()))
-}
 
 /// The layers whose state the request's token number `generated` (from 0) returns.
 pub(crate) fn hidden_layers(params: &SamplingParams, generated: usize) -> &[usize] {
@@ -416,14 +384,6 @@ pub(crate) fn hidden_layers(params: &SamplingParams, generated: usize) -> &[usiz
     } else {
         &[]
     }
-}
-
-/// Row `row` of each hidden-state tensor, as plain vectors.
-pub(crate) fn hidden_rows(hidden: &[Tensor], row: usize) -> Result<Vec<Vec<f32>>> {
-    hidden
-        .iter()
-        .map(|h| Ok(h.get(row)?.to_vec1::<f32>()?))
-        .collect()
 }
 
 /// Refuses hidden-state layers the model does not have, before anything runs.
@@ -436,18 +396,4 @@ pub(crate) fn check_hidden_layers(model: &Model, params: &SamplingParams) -> Res
         }),
         None => Ok(()),
     }
-}
-
-fn reduction_k(params: &SamplingParams, estimator: EntropyEstimator) -> usize {
-    match estimator {
-        EntropyEstimator::TopKRenormalized | EntropyEstimator::TopKResidual => MAX_TOP_K,
-        _ => params.top_logprobs.min(MAX_TOP_K),
-    }
-}
-
-/// Reduce the single logits row (only its statistics come back to the host).
-fn reduce_row(logits: &Tensor, k: usize) -> Result<LogitsStats> {
-    logits_reduce(logits, k)?
-        .pop()
-        .ok_or_else(|| EngineError::Invalid("empty logits".into()))
 }

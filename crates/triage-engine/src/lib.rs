@@ -1,5 +1,5 @@
-//! The engine: sampler, generation loop and entropy monitor (the model runner grows here with
-//! the paged KV cache).
+//! The engine: `LlmEngine` (continuous batching over the paged KV cache, the one decode loop),
+//! each request's output processor, the sampler, stop strings and the entropy monitor.
 #![deny(unsafe_code)]
 
 pub mod engine_set;
@@ -7,6 +7,7 @@ pub mod entropy_monitor;
 pub mod error;
 pub mod generate;
 pub mod llm_engine;
+mod output_processor;
 pub mod prefix_remote;
 pub mod prefix_store;
 pub mod relevance;

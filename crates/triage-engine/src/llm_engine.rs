@@ -21,9 +21,8 @@ use triage_ops::{logits_reduce, LogitsStats, MAX_TOP_K};
 use crate::generate::{
     resolve_max_tokens, tokenize_prompt, FinishReason, GenerateRequest, TokenOutput,
 };
+use crate::output_processor::{OutputProcessor, Processed};
 use crate::prefix_remote::PrefixRemote;
-use crate::sampler::Sampler;
-use crate::stop::StopChecker;
 use crate::{EngineError, Result};
 
 mod kv_budget;
@@ -99,24 +98,10 @@ impl EventSink for Sender<StreamEvent> {
     }
 }
 
+/// A request inside the engine: its output side and where its events go.
 struct SeqState {
-    sampler: Sampler,
-    stop: StopChecker,
-    decoder: triage_models::tokenizer::StreamDecoder,
-    top_logprobs: usize,
-    ignore_eos: bool,
-    stop_token_ids: Vec<u32>,
-    score_token_ids: Vec<u32>,
-    prompt_tokens: usize,
-    completion_tokens: usize,
+    output: OutputProcessor,
     tx: Box<dyn EventSink>,
-}
-
-impl SeqState {
-    /// The layers whose state this step's token returns.
-    fn hidden_now(&self) -> &[usize] {
-        crate::generate::hidden_layers(self.sampler.params(), self.completion_tokens)
-    }
 }
 
 /// The hidden states of one step: the union of the layers its rows asked for, one tensor
@@ -220,8 +205,10 @@ impl LlmEngine {
         !self.states.is_empty()
     }
 
-    /// Queue a request; its tokens arrive on the returned channel as steps run. Entropy is the
-    /// full-softmax value in nats (thresholds are applied by `generate` and the router).
+    /// Queue a request; its tokens arrive on the returned channel as steps run. A token's entropy
+    /// is the step's value under the request's estimator and unit; a threshold with
+    /// `stop_on_escalate` ends the request with [`FinishReason::Escalate`] once its monitor
+    /// escalates (other thresholds are the router's to apply).
     pub fn add_request(
         &mut self,
         request: &GenerateRequest,
@@ -271,15 +258,7 @@ impl LlmEngine {
         let id = self.next_id;
         self.next_id += 1;
         let state = SeqState {
-            sampler: Sampler::new(params.clone(), &prompt)?,
-            stop: StopChecker::new(&params.stop)?,
-            decoder: self.model.tokenizer.stream_decoder(true),
-            top_logprobs: params.top_logprobs,
-            ignore_eos: params.ignore_eos,
-            stop_token_ids: params.stop_token_ids.clone(),
-            score_token_ids: params.score_token_ids.clone(),
-            prompt_tokens: prompt.len(),
-            completion_tokens: 0,
+            output: OutputProcessor::new(request, &prompt, &self.model.tokenizer)?,
             tx: sink,
         };
         self.states.insert(id, state);
@@ -386,7 +365,7 @@ impl LlmEngine {
         let mut layers: Vec<usize> = samplers
             .iter()
             .filter_map(|id| self.states.get(id))
-            .flat_map(|s| s.hidden_now().iter().copied())
+            .flat_map(|s| s.output.hidden_now().iter().copied())
             .collect();
         layers.sort_unstable();
         layers.dedup();
@@ -427,7 +406,7 @@ impl LlmEngine {
         let k = ids
             .iter()
             .filter_map(|id| self.states.get(id))
-            .map(|s| s.top_logprobs)
+            .map(|s| s.output.reduction_k())
             .max()
             .unwrap_or(0)
             .min(MAX_TOP_K);
@@ -464,36 +443,20 @@ impl LlmEngine {
         let Some(state) = self.states.get_mut(&id) else {
             return Ok(RowOutcome::Gone);
         };
-        let choice = choose_token(logits, row, stat, state)?;
-        let token = choice.token;
-        let is_eos = (!state.ignore_eos && self.model.tokenizer.is_eos(token))
-            || state.stop_token_ids.contains(&token);
-        if is_eos {
-            return Ok(RowOutcome::Finished(FinishReason::Stop));
-        }
-        let out = TokenOutput {
-            id: token,
-            text: self.model.tokenizer.decode(&[token], false)?,
-            logprob: choice.logprob,
-            entropy: stat.entropy,
-            top_logprobs: stat
-                .top_k
-                .iter()
-                .take(state.top_logprobs)
-                .copied()
-                .collect(),
-            scored_logprobs: choice.scored_logprobs,
-            hidden: hidden.row(state.hidden_now(), row)?,
-        };
-        let piece = state
-            .decoder
-            .step(&self.model.tokenizer, token)?
-            .unwrap_or_default();
-        state.completion_tokens += 1;
-        let checked = state.stop.push(&piece);
-        let listening = state.tx.send(StreamEvent::Token(out, checked.text));
-        if checked.matched.is_some() {
-            return Ok(RowOutcome::Finished(FinishReason::Stop));
+        let tokenizer = &self.model.tokenizer;
+        let (output, text, ends) =
+            match state
+                .output
+                .process(tokenizer, logits, row, stat, |layers| {
+                    hidden.row(layers, row)
+                })? {
+                Processed::Eos => return Ok(RowOutcome::Finished(FinishReason::Stop)),
+                Processed::Token { output, text, ends } => (output, text, ends),
+            };
+        let token = output.id;
+        let listening = state.tx.send(StreamEvent::Token(output, text));
+        if let Some(reason) = ends {
+            return Ok(RowOutcome::Finished(reason));
         }
         if !listening {
             self.num_abandoned += 1;
@@ -506,21 +469,13 @@ impl LlmEngine {
         let Some(mut state) = self.states.remove(&id) else {
             return;
         };
-        if !state.stop.is_stopped() {
-            let mut tail = String::new();
-            if let Ok(Some(rest)) = state.decoder.flush(&self.model.tokenizer) {
-                tail.push_str(&state.stop.push(&rest).text);
-            }
-            if !state.stop.is_stopped() {
-                tail.push_str(&state.stop.finish());
-            }
-            if !tail.is_empty() {
-                let _ = state.tx.send(StreamEvent::Text(tail));
-            }
+        let tail = state.output.finish_text(&self.model.tokenizer);
+        if !tail.is_empty() {
+            let _ = state.tx.send(StreamEvent::Text(tail));
         }
         let usage = Usage {
-            prompt_tokens: state.prompt_tokens,
-            completion_tokens: state.completion_tokens,
+            prompt_tokens: state.output.prompt_tokens(),
+            completion_tokens: state.output.completion_tokens(),
             cached_tokens,
         };
         let _ = state.tx.send(StreamEvent::Finished { reason, usage });
@@ -535,40 +490,4 @@ enum RowOutcome {
     Finished(FinishReason),
     /// The request had already ended.
     Gone,
-}
-
-/// One row's token with its raw logprob and scored logprobs.
-struct Choice {
-    token: u32,
-    logprob: f32,
-    scored_logprobs: Vec<(u32, f32)>,
-}
-
-/// Row `row` of `logits`, reduced to `stat`: a sampler that takes the argmax gets the reduction's
-/// (the row stays on the device); any other copies the row to the host and samples it.
-fn choose_token(
-    logits: &Tensor,
-    row: usize,
-    stat: &LogitsStats,
-    state: &mut SeqState,
-) -> Result<Choice> {
-    if state.sampler.takes_argmax() && state.score_token_ids.is_empty() {
-        let token = state.sampler.record_argmax(stat)?;
-        return Ok(Choice {
-            token,
-            logprob: stat.max - stat.log_sum_exp,
-            scored_logprobs: Vec::new(),
-        });
-    }
-    let values = logits.get(row)?.to_vec1::<f32>()?;
-    let token = state.sampler.sample(&values)?;
-    Ok(Choice {
-        token,
-        logprob: values[token as usize] - stat.log_sum_exp,
-        scored_logprobs: crate::generate::scored_logprobs(
-            &values,
-            stat.log_sum_exp,
-            &state.score_token_ids,
-        ),
-    })
 }

@@ -13,10 +13,10 @@ use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor,
 use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
 use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent};
 use triage_engine::sampler::SamplingParams;
-use triage_models::attention::ContiguousKvCache;
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
+use triage_models::paged_kv_cache::{default_kv_dtype, PagedSequence};
 use triage_models::transformer::LoadOptions;
 use triage_models::DeviceSpec;
 use triage_ops::cuda::entropy_window_cuda;
@@ -98,25 +98,20 @@ fn run(engine: &mut LlmEngine, requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// Logits of every row of `tokens` through the contiguous cache (in the device's default KV
-/// dtype: f16 on the CPU, bf16 on a GPU).
+/// Logits of every row of `tokens` through one paged sequence (in the device's default KV dtype:
+/// f16 on the CPU, bf16 on a GPU).
 fn all_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let cache = ContiguousKvCache::new(model.transformer.config().num_layers);
-    logits_through(model, tokens, cache)
+    logits_through(model, tokens, default_kv_dtype(model.transformer.device()))
 }
 
 /// Logits of every row of `tokens` through an f32 cache.
 fn f32_kv_logits(model: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let layers = model.transformer.config().num_layers;
-    logits_through(
-        model,
-        tokens,
-        ContiguousKvCache::with_dtype(layers, DType::F32).unwrap(),
-    )
+    logits_through(model, tokens, DType::F32)
 }
 
-fn logits_through(model: &Model, tokens: &[u32], mut cache: ContiguousKvCache) -> Vec<Vec<f32>> {
+fn logits_through(model: &Model, tokens: &[u32], kv_dtype: DType) -> Vec<Vec<f32>> {
     let t = &model.transformer;
+    let mut cache = PagedSequence::new(t.config(), tokens.len(), kv_dtype, t.device()).unwrap();
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let rows: Vec<usize> = (0..tokens.len()).collect();
     t.forward(tokens, &positions, &rows, &mut cache)

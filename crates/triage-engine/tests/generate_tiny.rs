@@ -1,5 +1,8 @@
-//! The generation loop on a tiny random-weight model: sampling is reproducible, limits and stop
-//! conditions hold, logprobs and entropies are consistent, bad requests are errors.
+//! `generate` (one request on an `LlmEngine` of its own) on a tiny random-weight model: sampling
+//! is reproducible, limits and stop conditions hold, logprobs and entropies are consistent, bad
+//! requests are errors.
+
+use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use triage_engine::entropy_monitor::Decision;
@@ -12,12 +15,12 @@ use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 
-fn tiny_model(arch: Architecture) -> (tempfile::TempDir, Model) {
+fn tiny_model(arch: Architecture) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_gguf(&path, &TinySpec::new(arch), GgmlDType::Q8_0).unwrap();
     let model = Model::load("tiny", &path, &LoadOptions::default()).unwrap();
-    (dir, model)
+    (dir, Arc::new(model))
 }
 
 fn request(prompt: &str, params: SamplingParams) -> GenerateRequest {

@@ -89,7 +89,7 @@ fn run_batched(
     (results, preempted)
 }
 
-fn alone(model: &Model, r: &GenerateRequest) -> (Vec<u32>, String) {
+fn alone(model: &Arc<Model>, r: &GenerateRequest) -> (Vec<u32>, String) {
     let out = generate(model, r, |_, _| true).unwrap();
     (out.tokens.iter().map(|t| t.id).collect(), out.text)
 }
@@ -1002,4 +1002,75 @@ fn fail_all_ends_every_request_with_an_error() {
             Some(FinishReason::Error("the forward pass failed".into()))
         );
     }
+}
+
+/// Every token's entropy is the request's own estimator and unit, batched or alone, and a
+/// threshold with `stop_on_escalate` ends that request alone with `Escalate`: one decode path, so
+/// `generate` and the engine cannot drift apart.
+#[test]
+fn each_request_gets_its_estimator_and_its_escalation_batched_or_alone() {
+    use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyUnit};
+    let (_dir, model) = tiny();
+    let mut nll_bits = request(2);
+    nll_bits.params.temperature = 0.9;
+    nll_bits.params.seed = Some(7);
+    nll_bits.entropy = EntropySettings {
+        estimator: EntropyEstimator::SampledNll,
+        unit: EntropyUnit::Bits,
+        ..EntropySettings::default()
+    };
+    let mut escalating = request(3);
+    escalating.entropy = EntropySettings {
+        threshold: Some(0.0),
+        stop_on_escalate: true,
+        ..EntropySettings::default()
+    };
+    let plain = request(1);
+    let mut engine = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let rxs: Vec<_> = [&nll_bits, &escalating, &plain]
+        .iter()
+        .map(|r| engine.add_request(r).unwrap().1)
+        .collect();
+    while engine.has_unfinished() {
+        engine.step().unwrap();
+    }
+    let events = |rx: &std::sync::mpsc::Receiver<StreamEvent>| {
+        let (mut tokens, mut reason) = (Vec::new(), None);
+        for e in rx.try_iter() {
+            match e {
+                StreamEvent::Token(t, _) => tokens.push(t),
+                StreamEvent::Finished { reason: r, .. } => reason = Some(r),
+                StreamEvent::Text(_) => {}
+            }
+        }
+        (tokens, reason.expect("finished"))
+    };
+    let (nll, nll_reason) = events(&rxs[0]);
+    assert_eq!((nll.len(), nll_reason), (8, FinishReason::Length));
+    for t in &nll {
+        let bits = -t.logprob / std::f32::consts::LN_2;
+        assert!((t.entropy - bits).abs() < 1e-5, "{} vs {bits}", t.entropy);
+    }
+    let (esc, esc_reason) = events(&rxs[1]);
+    assert_eq!((esc.len(), esc_reason), (1, FinishReason::Escalate));
+    let (rest, rest_reason) = events(&rxs[2]);
+    assert_eq!((rest.len(), rest_reason), (7, FinishReason::Length));
+    // The full-softmax entropy in nats by default: within [0, ln vocab], and not the NLL.
+    assert!(rest
+        .iter()
+        .all(|t| t.entropy >= 0.0 && t.entropy <= 262f32.ln()));
+    assert!(rest.iter().any(|t| (t.entropy + t.logprob).abs() > 1e-3));
+
+    // Alone, `generate` gives the same tokens and values, and the monitor's decision.
+    let alone = generate(&model, &nll_bits, |_, _| true).unwrap();
+    let ids =
+        |ts: &[triage_engine::generate::TokenOutput]| ts.iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids(&alone.tokens), ids(&nll));
+    for (a, b) in alone.tokens.iter().zip(&nll) {
+        assert!((a.entropy - b.entropy).abs() < 1e-4);
+    }
+    let alone = generate(&model, &escalating, |_, _| true).unwrap();
+    assert_eq!(alone.finish_reason, FinishReason::Escalate);
+    assert_eq!(alone.decision, Some(Decision::Escalate { at_step: 1 }));
+    assert_eq!(ids(&alone.tokens), ids(&esc));
 }

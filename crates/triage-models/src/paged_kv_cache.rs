@@ -280,3 +280,60 @@ impl AttentionBackend for PagedStep<'_> {
         Ok(out.reshape((n, heads * d))?)
     }
 }
+
+/// One sequence through the paged cache, for callers with no scheduler (model tests, a device
+/// check): the cache's blocks in order hold positions from 0, and each layer appends after the
+/// tokens it already holds, so a prompt may be run in one pass, in chunks, or token by token.
+#[derive(Debug)]
+pub struct PagedSequence {
+    cache: PagedKvCache,
+    block_table: Vec<u32>,
+    /// Tokens each layer holds.
+    layer_lens: Vec<usize>,
+}
+
+impl PagedSequence {
+    /// Room for `capacity` tokens of a model with `config`, in `dtype` on `device` (unused slots
+    /// hold NaN, so a read past the sequence shows).
+    pub fn new(
+        config: &ModelConfig,
+        capacity: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let block_size = 16;
+        let num_blocks = capacity.div_ceil(block_size).max(1);
+        let cache = PagedKvCache::new(config, num_blocks, block_size, f32::NAN, dtype, device)?;
+        Ok(Self {
+            block_table: (0..num_blocks as u32).collect(),
+            layer_lens: vec![0; config.num_layers],
+            cache,
+        })
+    }
+
+    /// Tokens stored (in layer 0).
+    pub fn len(&self) -> usize {
+        self.layer_lens.first().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl AttentionBackend for PagedSequence {
+    fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let stored = *self
+            .layer_lens
+            .get(layer_idx)
+            .ok_or_else(|| crate::ModelError::Invalid(format!("layer {layer_idx} out of range")))?;
+        let seq = SeqStep {
+            block_table: self.block_table.clone(),
+            num_computed_tokens: stored,
+            num_new_tokens: k.dim(1)?,
+        };
+        let out = PagedStep::new(&self.cache, &[seq])?.attend(layer_idx, q, k, v)?;
+        self.layer_lens[layer_idx] += k.dim(1)?;
+        Ok(out)
+    }
+}

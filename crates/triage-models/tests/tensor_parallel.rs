@@ -7,10 +7,10 @@
 
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, IndexOp, Tensor, D};
-use triage_models::attention::ContiguousKvCache;
 use triage_models::config::{Architecture, ModelConfig};
 use triage_models::fixtures::{tiny_weights, write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
+use triage_models::paged_kv_cache::PagedSequence;
 use triage_models::transformer::LoadOptions;
 
 type Weights = std::collections::HashMap<String, Tensor>;
@@ -235,7 +235,8 @@ fn tensor_parallel_math_gives_the_models_logits() {
         .collect();
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let rows: Vec<usize> = (0..tokens.len()).collect();
-    let mut cache = ContiguousKvCache::with_dtype(cfg.num_layers, DType::F32).unwrap();
+    let mut cache =
+        PagedSequence::new(&cfg, tokens.len(), DType::F32, model.transformer.device()).unwrap();
     let engine = model
         .transformer
         .forward(&tokens, &positions, &rows, &mut cache)

@@ -4,10 +4,10 @@
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Tensor};
 use rand::{Rng, SeedableRng};
-use triage_models::attention::ContiguousKvCache;
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, write_tiny_safetensors, TinySpec, TINY_VOCAB};
 use triage_models::model::{load_weights, Model};
+use triage_models::paged_kv_cache::PagedSequence;
 use triage_models::transformer::{LoadOptions, Transformer};
 
 const ARCHS: [Architecture; 2] = [Architecture::Qwen2, Architecture::Llama];
@@ -48,10 +48,15 @@ fn assert_argmax_mostly_agrees(a: &Tensor, b: &Tensor) {
     );
 }
 
+/// One sequence through the paged cache, with room for the tiny model's whole context.
+fn sequence(model: &Transformer, dtype: DType) -> PagedSequence {
+    PagedSequence::new(model.config(), 512, dtype, model.device()).unwrap()
+}
+
 fn all_logits(model: &Transformer, tokens: &[u32]) -> Tensor {
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let rows: Vec<usize> = (0..tokens.len()).collect();
-    let mut cache = ContiguousKvCache::new(model.config().num_layers);
+    let mut cache = sequence(model, DType::F16);
     model
         .forward(tokens, &positions, &rows, &mut cache)
         .unwrap()
@@ -118,7 +123,7 @@ fn incremental_decode_equals_full_forward() {
             let model = load_weights(&path, &opts).unwrap().transformer;
             let tokens = prompt(300, 2); // crosses the 256-row attention chunk
             let full = all_logits(&model, &tokens);
-            let mut cache = ContiguousKvCache::new(model.config().num_layers);
+            let mut cache = sequence(&model, DType::F16);
             let split = 290;
             let pos: Vec<u32> = (0..split as u32).collect();
             let first = model
@@ -294,18 +299,17 @@ mod paged {
     }
 
     #[test]
-    fn paged_equals_contiguous_and_batched_equals_alone() {
+    fn batched_with_interleaved_blocks_equals_each_sequence_alone() {
         for arch in ARCHS {
             let (_dir, model) = model(arch);
             let cfg = model.config().clone();
             let seqs: Vec<Vec<u32>> = vec![prompt(21, 10), prompt(7, 11), prompt(33, 12)];
-            // Reference: each sequence alone through the contiguous cache, last-row logits after
+            // Reference: each sequence alone in blocks of its own, last-row logits after
             // a prefill of all but the last 2 tokens, then 2 single-token decodes.
             let reference: Vec<Vec<Tensor>> = seqs
                 .iter()
                 .map(|t| {
-                    let mut cache =
-                        ContiguousKvCache::with_dtype(cfg.num_layers, DType::F32).unwrap();
+                    let mut cache = sequence(&model, DType::F32);
                     let n = t.len() - 2;
                     let pos: Vec<u32> = (0..n as u32).collect();
                     let mut out = vec![model.forward(&t[..n], &pos, &[n - 1], &mut cache).unwrap()];
@@ -319,8 +323,8 @@ mod paged {
                     out
                 })
                 .collect();
-            // Paged, all three sequences batched, blocks interleaved, unused slots NaN. Both caches
-            // hold f32: rounding to f16 would turn the dense matmul's batch-dependent last bits
+            // All three sequences batched, blocks interleaved, unused slots NaN. Both caches hold
+            // f32: rounding to f16 would turn the dense matmul's batch-dependent last bits
             // into f16 steps, which this test is not about.
             let cache =
                 PagedKvCache::new(&cfg, 40, 4, f32::NAN, DType::F32, &candle_core::Device::Cpu)
@@ -378,13 +382,13 @@ fn hidden_states_come_from_the_same_pass_and_do_not_depend_on_the_other_rows() {
     let tokens = prompt(24, 5);
     let positions: Vec<u32> = (0..tokens.len() as u32).collect();
     let run = |rows: &[usize], hidden: &[usize]| {
-        let mut cache = ContiguousKvCache::new(layers);
+        let mut cache = sequence(&model, DType::F16);
         model
             .forward_with_hidden(&tokens, &positions, rows, hidden, &mut cache)
             .unwrap()
     };
     // Asking for hidden states leaves the logits as they are, bit for bit.
-    let mut cache = ContiguousKvCache::new(layers);
+    let mut cache = sequence(&model, DType::F16);
     let plain = model
         .forward(&tokens, &positions, &[23], &mut cache)
         .unwrap();
@@ -402,7 +406,7 @@ fn hidden_states_come_from_the_same_pass_and_do_not_depend_on_the_other_rows() {
     assert!(max_abs_diff(&hidden[0], &hidden[1]) > 1e-3);
     assert!(max_abs(&hidden[0]) > 0.0);
     // A layer the model does not have is an error, not a panic.
-    let mut cache = ContiguousKvCache::new(layers);
+    let mut cache = sequence(&model, DType::F16);
     let err = model
         .forward_with_hidden(&tokens, &positions, &[23], &[layers], &mut cache)
         .unwrap_err();

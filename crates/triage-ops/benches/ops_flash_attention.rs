@@ -1,8 +1,8 @@
-//! CPU flash attention against the attention it replaced (candle matrix products over the
-//! contiguous cache's transposed views, `causal_attention_kt`), at the 1.5B's heads (12 query
-//! heads over 2 KV heads of 128): a decode step at 2k, 8k and 16k cached tokens and a 512-token
-//! prefill chunk after 7,680, with f32 and f16 caches and each kernel this CPU runs. Prints
-//! old/new per case last.
+//! CPU flash attention against its plain reference (`paged_attention_slow`: candle matrix products
+//! per head over K/V gathered through the block table), at the 1.5B's heads (12 query heads over
+//! 2 KV heads of 128): a decode step at 2k, 8k and 16k cached tokens and a 512-token prefill chunk
+//! after 7,680, with f32 and f16 caches and each kernel this CPU runs. Prints reference/kernel per
+//! case last.
 //! `cargo bench -p triage-ops --bench ops_flash_attention` (`-- --quick` skips criterion's runs).
 
 use std::hint::black_box;
@@ -12,10 +12,10 @@ use candle_core::{Device, Tensor};
 use criterion::Criterion;
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::causal_attention::causal_attention_kt;
 use triage_ops::flash_attention::{
     flash_attention_with, AttentionKernel, AttentionShape, KvRows, SeqKeys,
 };
+use triage_ops::paged_attention::{paged_attention_slow, PagedAttentionMetadata};
 
 const SHAPE: AttentionShape = AttentionShape {
     num_heads: 12,
@@ -32,8 +32,8 @@ struct Case {
     v: Vec<f32>,
     k16: Vec<f16>,
     v16: Vec<f16>,
-    /// The old path's inputs: q `[heads, n, d]`, keys `[kv, d, len]`, values `[kv, len, d]`.
-    old: (Tensor, Tensor, Tensor),
+    /// The reference's inputs: q `[n, heads, d]`, the cache as one block `[1, len, kv, d]` twice.
+    reference: (Tensor, Tensor, Tensor),
 }
 
 fn case(seq_len: usize, query_len: usize) -> Case {
@@ -50,15 +50,11 @@ fn case(seq_len: usize, query_len: usize) -> Case {
     let tensor = |x: &[f32], shape: (usize, usize, usize)| {
         Tensor::from_vec(x.to_vec(), shape, cpu).expect("shape")
     };
-    let old_q = tensor(&q, (query_len, h, d))
-        .transpose(0, 1)
-        .and_then(|t| t.contiguous());
-    let old_k = tensor(&k, (seq_len, kv, d))
-        .permute((1, 2, 0))
-        .and_then(|t| t.contiguous());
-    let old_v = tensor(&v, (seq_len, kv, d))
-        .transpose(0, 1)
-        .and_then(|t| t.contiguous());
+    let reference = (
+        tensor(&q, (query_len, h, d)),
+        tensor(&k, (seq_len, kv, d)).reshape((1, seq_len, kv, d)),
+        tensor(&v, (seq_len, kv, d)).reshape((1, seq_len, kv, d)),
+    );
     let name = if query_len == 1 {
         format!("decode@{seq_len}")
     } else {
@@ -73,7 +69,11 @@ fn case(seq_len: usize, query_len: usize) -> Case {
         q,
         k,
         v,
-        old: (old_q.expect("q"), old_k.expect("k"), old_v.expect("v")),
+        reference: (
+            reference.0,
+            reference.1.expect("k"),
+            reference.2.expect("v"),
+        ),
     }
 }
 
@@ -93,9 +93,15 @@ fn flash(case: &Case, kernel: AttentionKernel, half: bool) -> Vec<f32> {
     flash_attention_with(kernel, black_box(&case.q), SHAPE, k, v, &seqs).expect("valid")
 }
 
-fn old(case: &Case) -> Tensor {
-    let (q, k, v) = &case.old;
-    causal_attention_kt(black_box(q), k, v).expect("valid")
+fn reference(case: &Case) -> Tensor {
+    let (q, k, v) = &case.reference;
+    let meta = PagedAttentionMetadata {
+        block_size: case.seq_len,
+        block_tables: vec![vec![0]],
+        seq_lens: vec![case.seq_len],
+        query_lens: vec![case.query_len],
+    };
+    paged_attention_slow(black_box(q), k, v, &meta).expect("valid")
 }
 
 /// Mean seconds per call over at least 3 calls and half a second, after one warm-up call.
@@ -132,8 +138,8 @@ fn main() {
         let mut group = c.benchmark_group("flash_attention_cpu");
         group.sample_size(10);
         for case in &cases {
-            group.bench_function(format!("old_matmul/{}", case.name), |b| {
-                b.iter(|| old(case))
+            group.bench_function(format!("reference/{}", case.name), |b| {
+                b.iter(|| reference(case))
             });
             group.bench_function(format!("flash_f32/{}", case.name), |b| {
                 b.iter(|| flash(case, best, false))
@@ -154,8 +160,8 @@ fn main() {
         {
             continue;
         }
-        let old_s = seconds(&|| drop(old(case)));
-        let mut line = format!("{}: old {:.2} ms", case.name, old_s * 1e3);
+        let reference_s = seconds(&|| drop(reference(case)));
+        let mut line = format!("{}: reference {:.2} ms", case.name, reference_s * 1e3);
         for kernel in kernels() {
             for half in [false, true] {
                 let s = seconds(&|| drop(flash(case, kernel, half)));
@@ -164,7 +170,7 @@ fn main() {
                     ", {} {dtype} {:.2} ms ({:.2}x)",
                     kernel.name(),
                     s * 1e3,
-                    old_s / s
+                    reference_s / s
                 );
             }
         }

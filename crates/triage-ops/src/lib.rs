@@ -2,7 +2,6 @@
 //! `cuda` feature) a CUDA implementation behind the same API.
 #![deny(unsafe_code)]
 
-pub mod causal_attention;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
