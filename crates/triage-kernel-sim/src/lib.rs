@@ -410,8 +410,16 @@ pub fn paged_attention<T: Elem>(
             )
         },
     )?;
-    let g = launch::paged_attention(num_heads, num_rows, rows.max_context_len, head_dim, threads)
-        .map_err(|e| SimError(e.to_string()))?;
+    let g = launch::paged_attention(
+        num_heads,
+        kv_heads,
+        num_rows,
+        rows.max_context_len,
+        head_dim,
+        std::mem::size_of::<T>(),
+        threads,
+    )
+    .map_err(|e| SimError(e.to_string()))?;
     let num_partitions = g.grid.2 as usize;
     let mut out = vec![OUTPUT_POISON; num_rows * num_heads * head_dim];
     let mut part_out = vec![OUTPUT_POISON; num_rows * num_heads * num_partitions * head_dim];

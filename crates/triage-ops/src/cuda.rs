@@ -357,9 +357,11 @@ impl AttentionShape {
     ) -> Result<CudaSlice<f32>> {
         let g = launch::paged_attention(
             self.num_heads,
+            self.kv_heads,
             self.num_rows,
             rows.max_context_len,
             self.head_dim,
+            std::mem::size_of::<T>(),
             launch::PAGED_ATTENTION_THREADS,
         )?;
         let num_partitions = g.grid.2 as usize;

@@ -113,22 +113,60 @@ pub fn num_partitions(max_context_len: usize) -> usize {
     max_context_len.div_ceil(PARTITION_SIZE as usize).max(1)
 }
 
-/// `paged_attention_<dtype>`: one block per (query head, query row, partition). Shared memory
-/// holds the query row and the partition's scores, both f32.
+/// Query heads one `paged_attention` block serves (the kernel's `MAX_GROUP`): a KV head whose
+/// group is larger gets several blocks along x.
+pub const PAGED_ATTENTION_MAX_GROUP: usize = 8;
+/// 16-byte vectors of a key row one `paged_attention` lane holds, at most.
+const PAGED_ATTENTION_MAX_VECS_PER_LANE: usize = 4;
+
+/// `paged_attention_<dtype>` over elements of `elem_bytes` bytes: one block per (KV head and a
+/// chunk of at most [`PAGED_ATTENTION_MAX_GROUP`] of its query heads, query row, partition), so
+/// each key and value row is read once for the chunk. Shared memory holds each warp's
+/// online-softmax state (output, max and sum) for the chunk's heads, in f32; the chunk is made
+/// smaller until it fits. A head dim that is not a whole number of 16-byte vectors, or that needs
+/// more than 4 vectors per lane, is refused.
 pub fn paged_attention(
     num_heads: usize,
+    kv_heads: usize,
     num_rows: usize,
     max_context_len: usize,
     head_dim: usize,
+    elem_bytes: usize,
     threads: u32,
 ) -> Result<LaunchGeometry> {
+    if kv_heads == 0 || !num_heads.is_multiple_of(kv_heads) || elem_bytes == 0 {
+        return Err(OpsError::InvalidArgument(format!(
+            "paged attention over {num_heads} heads, {kv_heads} KV heads, {elem_bytes}-byte values"
+        )));
+    }
+    let per_vec = 16 / elem_bytes;
+    let num_vecs = head_dim / per_vec.max(1);
+    let lanes = (num_vecs & num_vecs.wrapping_neg()).min(WARP_SIZE as usize);
+    if per_vec == 0
+        || num_vecs == 0
+        || !head_dim.is_multiple_of(per_vec)
+        || num_vecs / lanes > PAGED_ATTENTION_MAX_VECS_PER_LANE
+    {
+        return Err(OpsError::InvalidArgument(format!(
+            "paged attention needs a head dim of 16-byte vectors, at most {PAGED_ATTENTION_MAX_VECS_PER_LANE} per lane: {head_dim} × {elem_bytes} bytes"
+        )));
+    }
+    check_threads(threads)?;
+    let group = num_heads / kv_heads;
+    let num_warps = (threads / WARP_SIZE) as usize;
+    let state_bytes =
+        |heads: usize| num_warps * heads * (head_dim + 2) * std::mem::size_of::<f32>();
+    let mut heads_per_block = group.min(PAGED_ATTENTION_MAX_GROUP);
+    while heads_per_block > 1 && state_bytes(heads_per_block) > MAX_DEFAULT_SHARED_BYTES as usize {
+        heads_per_block -= 1;
+    }
+    let chunks = group.div_ceil(heads_per_block);
     let grid = (
-        grid_dim(num_heads, MAX_GRID_X, "heads")?,
+        grid_dim(kv_heads * chunks, MAX_GRID_X, "head chunks")?,
         grid_dim(num_rows, MAX_GRID_YZ, "query rows")?,
         grid_dim(num_partitions(max_context_len), MAX_GRID_YZ, "partitions")?,
     );
-    let shared = (head_dim + PARTITION_SIZE as usize) * std::mem::size_of::<f32>();
-    LaunchGeometry::new(grid, threads, shared as u32)
+    LaunchGeometry::new(grid, threads, state_bytes(heads_per_block) as u32)
 }
 
 /// `paged_attention_merge_f32`: one block per (query head, query row), threads over head dims.
@@ -170,9 +208,25 @@ mod tests {
         assert_eq!(num_partitions(512), 1);
         assert_eq!(num_partitions(513), 2);
         assert_eq!(num_partitions(32 * 1024), 64);
-        let g = paged_attention(14, 16, 8192, 64, PAGED_ATTENTION_THREADS).unwrap();
-        assert_eq!(g.grid, (14, 16, 16));
-        assert_eq!(g.shared_mem_bytes, (64 + 512) * 4);
+        // The 0.5B: 14 heads over 2 KV heads, one block per KV head serving its 7.
+        let g = paged_attention(14, 2, 16, 8192, 64, 2, PAGED_ATTENTION_THREADS).unwrap();
+        assert_eq!(g.grid, (2, 16, 16));
+        assert_eq!(g.shared_mem_bytes, 4 * 7 * (64 + 2) * 4);
+    }
+
+    #[test]
+    fn paged_attention_splits_large_groups_and_refuses_odd_head_dims() {
+        // 24 query heads per KV head: three blocks of 8 each.
+        let g = paged_attention(48, 2, 1, 100, 128, 2, PAGED_ATTENTION_THREADS).unwrap();
+        assert_eq!(g.grid, (6, 1, 1));
+        // A wide block would need more shared memory: fewer heads per block, more blocks.
+        let g = paged_attention(16, 2, 1, 100, 128, 4, MAX_THREADS).unwrap();
+        assert!(g.shared_mem_bytes <= MAX_DEFAULT_SHARED_BYTES);
+        assert!(g.grid.0 > 2, "{:?}", g.grid);
+        // 20 bf16 values are not whole 16-byte vectors; 20 f32 values are 5 vectors in one lane.
+        assert!(paged_attention(8, 2, 1, 10, 20, 2, PAGED_ATTENTION_THREADS).is_err());
+        assert!(paged_attention(8, 2, 1, 10, 20, 4, PAGED_ATTENTION_THREADS).is_err());
+        assert!(paged_attention(8, 3, 1, 10, 64, 2, PAGED_ATTENTION_THREADS).is_err());
     }
 
     #[test]

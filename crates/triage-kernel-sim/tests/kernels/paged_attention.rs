@@ -16,11 +16,25 @@ use crate::inputs::{close, convert, normal, tensor, Dtype};
 const ABS: f32 = 2e-4;
 const REL: f32 = 1e-3;
 
-/// Query heads sharing each KV head (grouped-query attention).
-const GROUPS: [usize; 3] = [1, 2, 7];
+/// Query heads sharing each KV head (grouped-query attention): 12 is more than one block serves.
+const GROUPS: [usize; 4] = [1, 2, 7, 12];
 const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = 64;
-const BLOCK_SIZE: usize = 16;
+
+/// The cache's row and block sizes of one case.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    head_dim: usize,
+    block_size: usize,
+    /// Offset the caches by one element from the allocation, so their rows are not 16-byte
+    /// aligned and the kernel reads them element by element.
+    misaligned: bool,
+}
+
+const DIMS: Dims = Dims {
+    head_dim: 64,
+    block_size: 16,
+    misaligned: false,
+};
 
 /// One step: per sequence, (context length after the step, query rows this step).
 struct Step {
@@ -33,6 +47,7 @@ fn build(
     rng: &mut StdRng,
     step: &Step,
     groups: usize,
+    dims: Dims,
 ) -> (
     AttentionShape,
     PagedAttentionMetadata,
@@ -40,10 +55,15 @@ fn build(
     Vec<f32>,
     Vec<f32>,
 ) {
+    let Dims {
+        head_dim,
+        block_size,
+        ..
+    } = dims;
     let blocks_per_seq: Vec<usize> = step
         .seqs
         .iter()
-        .map(|&(len, _)| len.div_ceil(BLOCK_SIZE))
+        .map(|&(len, _)| len.div_ceil(block_size))
         .collect();
     let num_blocks = blocks_per_seq.iter().sum::<usize>() + 3;
     let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
@@ -54,28 +74,28 @@ fn build(
         block_tables.push(ids[next..next + n].to_vec());
         next += n;
     }
-    let row = KV_HEADS * HEAD_DIM;
-    let mut k_cache = vec![f32::NAN; num_blocks * BLOCK_SIZE * row];
+    let row = KV_HEADS * head_dim;
+    let mut k_cache = vec![f32::NAN; num_blocks * block_size * row];
     let mut v_cache = k_cache.clone();
     for (s, &(len, _)) in step.seqs.iter().enumerate() {
         for pos in 0..len {
-            let slot = ops::slot_of(&block_tables[s], BLOCK_SIZE, pos) as usize;
+            let slot = ops::slot_of(&block_tables[s], block_size, pos) as usize;
             k_cache[slot * row..(slot + 1) * row].copy_from_slice(&normal(rng, row, 1.0));
             v_cache[slot * row..(slot + 1) * row].copy_from_slice(&normal(rng, row, 1.0));
         }
     }
     let num_heads = KV_HEADS * groups;
     let num_rows: usize = step.seqs.iter().map(|&(_, q)| q).sum();
-    let q = normal(rng, num_rows * num_heads * HEAD_DIM, 1.0);
+    let q = normal(rng, num_rows * num_heads * head_dim, 1.0);
     let shape = AttentionShape {
         num_heads,
         kv_heads: KV_HEADS,
-        head_dim: HEAD_DIM,
-        block_size: BLOCK_SIZE,
+        head_dim,
+        block_size,
         num_blocks,
     };
     let meta = PagedAttentionMetadata {
-        block_size: BLOCK_SIZE,
+        block_size,
         block_tables,
         seq_lens: step.seqs.iter().map(|&(len, _)| len).collect(),
         query_lens: step.seqs.iter().map(|&(_, q)| q).collect(),
@@ -84,7 +104,16 @@ fn build(
 }
 
 fn run_case<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads: u32) {
-    let (shape, meta, q, k_cache, v_cache) = build(rng, step, groups);
+    run_case_with::<T>(rng, step, groups, threads, DIMS);
+}
+
+fn run_case_with<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads: u32, dims: Dims) {
+    let Dims {
+        head_dim,
+        block_size,
+        misaligned,
+    } = dims;
+    let (shape, meta, q, k_cache, v_cache) = build(rng, step, groups, dims);
     // The kernel's dtype holds the values; the CPU op gets the same values in f32.
     let (q, k_cache, v_cache) = (
         convert::<T>(&q, 0),
@@ -92,10 +121,10 @@ fn run_case<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads: u32
         convert::<T>(&v_cache, 0),
     );
     let as_f32 = |xs: &[T]| xs.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
-    let num_rows = q.len() / (shape.num_heads * HEAD_DIM);
-    let cache_shape = [shape.num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM];
+    let num_rows = q.len() / (shape.num_heads * head_dim);
+    let cache_shape = [shape.num_blocks, block_size, KV_HEADS, head_dim];
     let want = ops::paged_attention(
-        &tensor(&as_f32(&q), &[num_rows, shape.num_heads, HEAD_DIM]),
+        &tensor(&as_f32(&q), &[num_rows, shape.num_heads, head_dim]),
         &tensor(&as_f32(&k_cache), &cache_shape),
         &tensor(&as_f32(&v_cache), &cache_shape),
         &meta,
@@ -105,9 +134,17 @@ fn run_case<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads: u32
     meta.validate(num_rows, shape.num_blocks)
         .expect("valid metadata");
     let rows = meta.kernel_rows();
-    let got = paged_attention(&shape, &rows, &q, &k_cache, &v_cache, threads).expect("launch");
+    let offset = usize::from(misaligned);
+    let shifted = |cache: &[T]| {
+        let mut buffer = vec![cache[0]; offset];
+        buffer.extend_from_slice(cache);
+        buffer
+    };
+    let (k_buffer, v_buffer) = (shifted(&k_cache), shifted(&v_cache));
+    let (k_cache, v_cache) = (&k_buffer[offset..], &v_buffer[offset..]);
+    let got = paged_attention(&shape, &rows, &q, k_cache, v_cache, threads).expect("launch");
     let context = format!(
-        "{:?} seqs {:?} groups {groups} threads {threads}",
+        "{:?} seqs {:?} groups {groups} threads {threads} {dims:?}",
         T::DTYPE,
         step.seqs
     );
@@ -125,8 +162,8 @@ fn decode_batch(rng: &mut StdRng) -> Step {
     let p = PARTITION_SIZE as usize;
     let mut lens = vec![
         1,
-        BLOCK_SIZE,
-        BLOCK_SIZE + 1,
+        DIMS.block_size,
+        DIMS.block_size + 1,
         p - 1,
         p,
         p + 1,
@@ -182,4 +219,33 @@ fn long_contexts_split_into_partitions_match_the_cpu_op() {
     };
     run_case::<bf16>(&mut rng, &step, 7, PAGED_ATTENTION_THREADS);
     run_case::<f32>(&mut rng, &step, 1, MIN_THREADS);
+}
+
+/// Head dims of 16 (the tiny test models: two bf16 vectors, four f32) and 128 (the 1.5B: sixteen
+/// bf16 vectors, 32 f32), cache blocks of 4 and of 24 (a block that straddles partitions), and
+/// caches that are not 16-byte aligned.
+#[test]
+fn other_head_dims_block_sizes_and_unaligned_caches_match_the_cpu_op() {
+    let mut rng = StdRng::seed_from_u64(45);
+    let p = PARTITION_SIZE as usize;
+    let step = Step {
+        seqs: vec![(p + 7, 1), (3, 1), (2 * p + 30, 30), (40, 40)],
+    };
+    for (head_dim, block_size, misaligned) in [
+        (16, 4, false),
+        (128, 24, false),
+        (64, 16, true),
+        (128, 16, true),
+    ] {
+        let dims = Dims {
+            head_dim,
+            block_size,
+            misaligned,
+        };
+        for threads in [MIN_THREADS, PAGED_ATTENTION_THREADS] {
+            run_case_with::<bf16>(&mut rng, &step, 7, threads, dims);
+            run_case_with::<f32>(&mut rng, &step, 12, threads, dims);
+            run_case_with::<f16>(&mut rng, &step, 2, threads, dims);
+        }
+    }
 }
