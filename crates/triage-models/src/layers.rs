@@ -274,14 +274,32 @@ impl RotaryEmbedding {
         })
     }
 
-    /// Rotate `x`: `[1, heads, n, head_dim]` at `positions` (`[n]` u32).
-    pub fn apply(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
-        let cos = self.cos.index_select(positions, 0)?;
-        let sin = self.sin.index_select(positions, 0)?;
+    /// The rows of the tables at `positions` (`[n]` u32), gathered once for a forward pass and
+    /// applied by every layer (two gathers a step instead of four a layer).
+    pub fn at(&self, positions: &Tensor) -> Result<RopeAt> {
+        Ok(RopeAt {
+            cos: self.cos.index_select(positions, 0)?,
+            sin: self.sin.index_select(positions, 0)?,
+            style: self.style,
+        })
+    }
+}
+
+/// The rotary tables of one forward pass's positions (`[n, head_dim / 2]` each).
+#[derive(Debug, Clone)]
+pub struct RopeAt {
+    cos: Tensor,
+    sin: Tensor,
+    style: RopeStyle,
+}
+
+impl RopeAt {
+    /// Rotate `x`: `[1, heads, n, head_dim]`, row `i` at the pass's `i`-th position.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
         Ok(match self.style {
-            RopeStyle::Neox => candle_nn::rotary_emb::rope(&x, &cos, &sin)?,
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &cos, &sin)?,
+            RopeStyle::Neox => candle_nn::rotary_emb::rope(&x, &self.cos, &self.sin)?,
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, &self.cos, &self.sin)?,
         })
     }
 }

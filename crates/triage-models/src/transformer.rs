@@ -8,7 +8,7 @@ use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
 use crate::device::DeviceSpec;
 use crate::fused_linear::FusedLinear;
-use crate::layers::{DenseLayout, Embedding, Linear, Mlp, RmsNorm, RotaryEmbedding};
+use crate::layers::{DenseLayout, Embedding, Linear, Mlp, RmsNorm, RopeAt, RotaryEmbedding};
 use crate::weights::WeightSource;
 use crate::{ModelError, Result};
 
@@ -285,14 +285,14 @@ impl Transformer {
             )));
         }
         let ids = Tensor::new(token_ids, &self.device)?;
-        let pos = Tensor::new(positions, &self.device)?;
+        let rope = self.rope.at(&Tensor::new(positions, &self.device)?)?;
         let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
         let rows = Tensor::new(rows.as_slice(), &self.device)?;
         let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
         let mut x = self.embed.forward(&ids)?;
         for (idx, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let attn_out = self.attention(layer, idx, &h, &pos, n, attn)?;
+            let attn_out = self.attention(layer, idx, &h, &rope, n, attn)?;
             x = (x + layer.o.forward(&attn_out)?)?;
             let h = layer.ffn_norm.forward(&x)?;
             x = (x + layer.mlp.forward(&h)?)?;
@@ -313,7 +313,7 @@ impl Transformer {
         layer: &DecoderLayer,
         layer_idx: usize,
         h: &Tensor,
-        pos: &Tensor,
+        rope: &RopeAt,
         n: usize,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
@@ -333,8 +333,8 @@ impl Transformer {
         let q = heads(q, c.num_heads)?;
         let k = heads(k, c.num_kv_heads)?;
         let v = heads(v, c.num_kv_heads)?;
-        let q = self.rope.apply(&q, pos)?.squeeze(0)?;
-        let k = self.rope.apply(&k, pos)?.squeeze(0)?;
+        let q = rope.apply(&q)?.squeeze(0)?;
+        let k = rope.apply(&k)?.squeeze(0)?;
         attn.attend(layer_idx, &q, &k, &v.squeeze(0)?)
     }
 }
