@@ -436,13 +436,11 @@ impl Partials {
         // SAFETY: left unset, no memsets: every partition's max and sum are written (a partition
         // past its row's context writes -inf and 0), and the merge reads the outputs of only the
         // partitions that hold keys, which write all of theirs.
-        unsafe {
-            Ok(Self {
-                out: dev.alloc(num_parts * head_dim)?,
-                max: dev.alloc(num_parts)?,
-                sum: dev.alloc(num_parts)?,
-            })
-        }
+        Ok(Self {
+            out: unsafe { dev.alloc(num_parts * head_dim) }?,
+            max: unsafe { dev.alloc(num_parts) }?,
+            sum: unsafe { dev.alloc(num_parts) }?,
+        })
     }
 
     fn merge(
