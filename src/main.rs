@@ -76,6 +76,7 @@ fn run(cli: Cli) -> Result<()> {
             api_key_file: args.api_key_file,
             models: args.models,
             device: args.device,
+            no_cuda_graphs: args.no_cuda_graphs,
         }),
         Command::Ingest(args) => ingest(args),
         Command::Retrieve(args) => retrieve(args),

@@ -218,6 +218,10 @@ pub struct ServeArgs {
     /// Run every model on `cpu`, `cuda` or `cuda:N` instead of each entry's `device`.
     #[arg(long)]
     pub device: Option<DeviceSpec>,
+    /// Decode eagerly, op by op, even where a model's entry sets `cuda_graphs = true` (as
+    /// vLLM's `--enforce-eager`).
+    #[arg(long)]
+    pub no_cuda_graphs: bool,
 }
 
 #[derive(clap::Args)]

@@ -21,6 +21,8 @@ pub struct ServeOverrides {
     pub models: Vec<String>,
     /// Run every model on this device instead of each entry's `device`.
     pub device: Option<DeviceSpec>,
+    /// Decode eagerly even where a model's entry turns CUDA graphs on.
+    pub no_cuda_graphs: bool,
 }
 
 /// The config file (or the defaults) with the command line's overrides applied.
@@ -58,6 +60,9 @@ pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
     }
     if let Some(device) = o.device {
         config.set_device(device);
+    }
+    if o.no_cuda_graphs {
+        config.disable_cuda_graphs();
     }
     config.validate()?;
     Ok(config)

@@ -209,6 +209,8 @@ pub fn generate(
         max_num_seqs: 1,
         prefix_caching: false,
         kv_dtype: None,
+        // A graph per bucket pays off over many steps of a served engine, not one request.
+        cuda_graphs: false,
     };
     let mut engine = LlmEngine::new(model.clone(), config)?;
     let request = GenerateRequest {

@@ -24,9 +24,13 @@ use crate::generate::{
 use crate::output_processor::{OutputProcessor, Processed};
 use crate::prefix_remote::PrefixRemote;
 use crate::{EngineError, Result};
+use decode_graphs::DecodeGraphs;
 
+mod decode_graphs;
 mod kv_budget;
 mod prefixes;
+
+pub use decode_graphs::{bucket_for, DECODE_BUCKETS};
 
 pub use kv_budget::KvBudget;
 pub use prefixes::{PendingPin, PinStart, PrefixSource};
@@ -42,6 +46,10 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// Dtype of the KV blocks; `None` takes the device's default (f32 on CPU, bf16 on a GPU).
     pub kv_dtype: Option<DType>,
+    /// Replay decode steps from captured graphs (`llm_engine/decode_graphs.rs`): CUDA graphs on
+    /// a GPU; on the CPU the same path with the captured step run again (for tests: no faster
+    /// than eager). Off by default until a GPU run has shown graphed tokens match eager ones.
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineConfig {
@@ -53,6 +61,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             prefix_caching: true,
             kv_dtype: None,
+            cuda_graphs: false,
         }
     }
 }
@@ -137,6 +146,8 @@ pub struct LlmEngine {
     num_abandoned: usize,
     /// The shared store behind persisted-prefix directories, if any.
     prefix_remote: Option<Arc<dyn PrefixRemote>>,
+    /// Captured decode steps, when `EngineConfig::cuda_graphs` is on.
+    graphs: Option<DecodeGraphs>,
 }
 
 impl std::fmt::Debug for LlmEngine {
@@ -167,7 +178,11 @@ impl LlmEngine {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
         };
+        let graphs = config
+            .cuda_graphs
+            .then(|| DecodeGraphs::new(Arc::clone(&model), cache.clone()));
         Ok(Self {
+            graphs,
             model,
             scheduler: Scheduler::new(sched, kv),
             cache,
@@ -353,14 +368,6 @@ impl LlmEngine {
                 samplers.push(s.id);
             }
         }
-        let mut backend = PagedStep::new(&self.cache, &seqs)?;
-        let positions = backend.positions();
-        // A step of prefill chunks only still needs one logits row from the forward pass.
-        let logit_rows = if rows.is_empty() {
-            vec![ids.len() - 1]
-        } else {
-            rows
-        };
         // One pass serves every row: the union of the layers this step's samplers want.
         let mut layers: Vec<usize> = samplers
             .iter()
@@ -369,13 +376,14 @@ impl LlmEngine {
             .collect();
         layers.sort_unstable();
         layers.dedup();
-        let (logits, hidden) = self.model.transformer.forward_with_hidden(
-            &ids,
-            &positions,
-            &logit_rows,
-            &layers,
-            &mut backend,
-        )?;
+        let graph = self
+            .graphs
+            .as_mut()
+            .filter(|g| layers.is_empty() && samplers.len() == ids.len() && g.fits(&seqs));
+        let (logits, hidden) = match graph {
+            Some(graphs) => (graphs.run(&ids, &seqs)?, Vec::new()),
+            None => self.eager_forward(&ids, &seqs, rows, &layers)?,
+        };
         let hidden = HiddenStep { layers, hidden };
         let sampled = if samplers.is_empty() {
             Vec::new()
@@ -392,6 +400,36 @@ impl LlmEngine {
             self.finish(req.id, reason, req.num_cached_tokens);
         }
         Ok(ids.len())
+    }
+
+    /// The step's forward pass, run op by op: the logits of `rows` (or of the last token, for a
+    /// step of prefill chunks only, which samples nothing) and the hidden states of `layers`.
+    fn eager_forward(
+        &self,
+        ids: &[u32],
+        seqs: &[SeqStep],
+        rows: Vec<usize>,
+        layers: &[usize],
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let mut backend = PagedStep::new(&self.cache, seqs)?;
+        let positions = backend.positions();
+        let logit_rows = if rows.is_empty() {
+            vec![ids.len() - 1]
+        } else {
+            rows
+        };
+        Ok(self.model.transformer.forward_with_hidden(
+            ids,
+            &positions,
+            &logit_rows,
+            layers,
+            &mut backend,
+        )?)
+    }
+
+    /// Decode buckets captured so far (0 with `cuda_graphs` off).
+    pub fn num_captured_graphs(&self) -> usize {
+        self.graphs.as_ref().map_or(0, DecodeGraphs::num_captured)
     }
 
     /// Sample every row, stream tokens, and end requests that hit a stop string or EOS. A row

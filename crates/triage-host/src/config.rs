@@ -62,6 +62,11 @@ pub struct ModelEntry {
     /// KV-cache dtype: `"bf16"`, `"f16"` or `"f32"`; default bf16 on a GPU, f16 on the CPU.
     #[serde(default)]
     pub kv_dtype: Option<String>,
+    /// Replay decode steps from CUDA graphs (a GPU `device` only; ignored on the CPU). Off by
+    /// default until a GPU run has shown that graphed decoding gives the eager tokens
+    /// (`benches/RESULTS.md`); `triage serve --no-cuda-graphs` turns it off for every model.
+    #[serde(default)]
+    pub cuda_graphs: bool,
 }
 
 fn default_role() -> ModelRole {
@@ -93,6 +98,7 @@ impl ModelEntry {
             max_num_batched_tokens: default_max_num_batched_tokens(),
             device: DeviceSpec::Cpu,
             kv_dtype: None,
+            cuda_graphs: false,
         }
     }
 
@@ -124,6 +130,7 @@ impl ModelEntry {
             max_num_seqs: self.max_num_seqs,
             prefix_caching: true,
             kv_dtype,
+            cuda_graphs: self.cuda_graphs && matches!(self.device, DeviceSpec::Cuda(_)),
         })
     }
 }
@@ -620,6 +627,11 @@ impl TriageConfig {
     /// Run every model on `device`.
     pub fn set_device(&mut self, device: DeviceSpec) {
         self.models.iter_mut().for_each(|m| m.device = device);
+    }
+
+    /// Run every model's decode eagerly (`--no-cuda-graphs`), whatever its entry says.
+    pub fn disable_cuda_graphs(&mut self) {
+        self.models.iter_mut().for_each(|m| m.cuda_graphs = false);
     }
 
     /// Whether the routing settings classify with the router model.

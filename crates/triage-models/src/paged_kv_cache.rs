@@ -6,16 +6,17 @@
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use triage_ops::paged_attention::{
-    paged_attention_planned, reshape_and_cache_mapped, slot_of, PagedAttentionMetadata,
-    PagedAttentionPlan, SlotMapping,
+    paged_attention_planned, paged_attention_rows, reshape_and_cache_mapped, slot_of, DeviceRows,
+    PagedAttentionMetadata, PagedAttentionPlan, SlotMapping,
 };
 
 use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
 use crate::Result;
 
-/// K and V blocks for every layer of one model.
-#[derive(Debug)]
+/// K and V blocks for every layer of one model. A clone shares the blocks (candle tensors share
+/// their storage): a captured decode step holds one to write and read the same memory.
+#[derive(Debug, Clone)]
 pub struct PagedKvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
@@ -271,13 +272,73 @@ impl<'a> PagedStep<'a> {
 
 impl AttentionBackend for PagedStep<'_> {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let (k_cache, v_cache) = (&self.cache.k[layer_idx], &self.cache.v[layer_idx]);
-        reshape_and_cache_mapped(k_cache, &k.transpose(0, 1)?.contiguous()?, &self.slots)?;
-        reshape_and_cache_mapped(v_cache, &v.transpose(0, 1)?.contiguous()?, &self.slots)?;
-        let q = q.transpose(0, 1)?.contiguous()?; // [n, heads, d]
-        let (n, heads, d) = q.dims3()?;
-        let out = paged_attention_planned(&q, k_cache, v_cache, &self.plan)?;
-        Ok(out.reshape((n, heads * d))?)
+        let plan = &self.plan;
+        write_and_attend(
+            self.cache,
+            layer_idx,
+            &self.slots,
+            (q, k, v),
+            |q, kc, vc| Ok(paged_attention_planned(q, kc, vc, plan)?),
+        )
+    }
+}
+
+/// One layer's attention through the paged cache: `k` and `v` (`[kv_heads, n, d]`) written to
+/// `slots`, then `attend` over `q` as `[n, heads, d]` and the layer's caches; returns
+/// `[n, heads · d]`.
+fn write_and_attend(
+    cache: &PagedKvCache,
+    layer_idx: usize,
+    slots: &SlotMapping,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let (Some(k_cache), Some(v_cache)) = (cache.k.get(layer_idx), cache.v.get(layer_idx)) else {
+        return Err(crate::ModelError::Invalid(format!(
+            "layer {layer_idx} of a cache of {} layers",
+            cache.k.len()
+        )));
+    };
+    reshape_and_cache_mapped(k_cache, &k.transpose(0, 1)?.contiguous()?, slots)?;
+    reshape_and_cache_mapped(v_cache, &v.transpose(0, 1)?.contiguous()?, slots)?;
+    let q = q.transpose(0, 1)?.contiguous()?; // [n, heads, d]
+    let (n, heads, d) = q.dims3()?;
+    let out = attend(&q, k_cache, v_cache)?;
+    Ok(out.reshape((n, heads * d))?)
+}
+
+/// A decode step whose every input is a device tensor (views of a captured step's buffer): row
+/// `r` writes its K/V to `slots[r]` and attends through `rows`. The caller checks slots, block
+/// ids and positions on the host before each run, since neither the cache write nor the
+/// attention kernel can report them.
+#[derive(Debug)]
+pub struct DeviceDecodeStep<'a> {
+    cache: &'a PagedKvCache,
+    rows: &'a DeviceRows,
+    slots: SlotMapping,
+}
+
+impl<'a> DeviceDecodeStep<'a> {
+    /// `slots`: `[rows]` u32, [`triage_ops::paged_attention::PADDING_SLOT`] for padding rows.
+    pub fn new(cache: &'a PagedKvCache, rows: &'a DeviceRows, slots: Tensor) -> Self {
+        Self {
+            cache,
+            rows,
+            slots: SlotMapping::prechecked(slots),
+        }
+    }
+}
+
+impl AttentionBackend for DeviceDecodeStep<'_> {
+    fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let rows = self.rows;
+        write_and_attend(
+            self.cache,
+            layer_idx,
+            &self.slots,
+            (q, k, v),
+            |q, kc, vc| Ok(paged_attention_rows(q, kc, vc, rows)?),
+        )
     }
 }
 

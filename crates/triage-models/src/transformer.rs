@@ -3,6 +3,7 @@
 //! no cache policy.
 
 use candle_core::{DType, Device, Tensor};
+use triage_ops::step_graph::upload_u32;
 
 use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
@@ -23,6 +24,17 @@ struct DecoderLayer {
     o: Linear,
     ffn_norm: RmsNorm,
     mlp: Mlp,
+}
+
+/// One forward pass's per-token inputs, on the model's device.
+#[derive(Debug, Clone)]
+pub struct ForwardInputs {
+    /// `[n]` u32.
+    pub token_ids: Tensor,
+    /// `[n]` u32: each token's position in its sequence.
+    pub positions: Tensor,
+    /// `[rows]` u32: the rows whose logits (and hidden states) are returned; `None` for all.
+    pub logits_rows: Option<Tensor>,
 }
 
 /// A loaded decoder-only transformer.
@@ -251,18 +263,34 @@ impl Transformer {
         hidden_layers: &[usize],
         attn: &mut dyn AttentionBackend,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        if let Some(&bad) = hidden_layers.iter().find(|&&l| l >= self.layers.len()) {
-            return Err(ModelError::Invalid(format!(
-                "hidden states of layer {bad} asked of a model with {} layers",
-                self.layers.len()
-            )));
-        }
         let n = token_ids.len();
-        if n == 0 || positions.len() != n {
+        if positions.len() != n {
             return Err(ModelError::Invalid(format!(
                 "forward: {n} tokens with {} positions",
                 positions.len()
             )));
+        }
+        self.check_tokens(token_ids, positions)?;
+        if let Some(&bad) = logits_rows.iter().find(|&&r| r >= n) {
+            return Err(ModelError::Invalid(format!(
+                "logits row {bad} of {n} tokens"
+            )));
+        }
+        let dev = &self.device;
+        let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
+        let inputs = ForwardInputs {
+            token_ids: upload_u32(token_ids, dev, "token ids")?,
+            positions: upload_u32(positions, dev, "positions")?,
+            logits_rows: Some(upload_u32(&rows, dev, "logits rows")?),
+        };
+        self.forward_inputs(&inputs, hidden_layers, attn)
+    }
+
+    /// Token ids inside the vocabulary and positions inside the rotary tables: what a forward
+    /// pass checks on the host before it runs, and a captured step before each replay.
+    pub fn check_tokens(&self, token_ids: &[u32], positions: &[u32]) -> Result<()> {
+        if token_ids.is_empty() {
+            return Err(ModelError::Invalid("forward: no tokens".into()));
         }
         if let Some(&bad) = token_ids
             .iter()
@@ -273,23 +301,50 @@ impl Transformer {
             )));
         }
         let max_pos = positions.iter().copied().max().unwrap_or(0) as usize;
-        if max_pos >= self.config.context_length.min(MAX_ROPE_POSITIONS) {
+        if max_pos >= self.max_positions() {
             return Err(ModelError::Invalid(format!(
                 "position {max_pos} beyond the context length {}",
                 self.config.context_length
             )));
         }
-        if let Some(&bad) = logits_rows.iter().find(|&&r| r >= n) {
+        Ok(())
+    }
+
+    /// Positions the rotary tables cover: the context length, at most [`MAX_ROPE_POSITIONS`].
+    pub fn max_positions(&self) -> usize {
+        self.config.context_length.min(MAX_ROPE_POSITIONS)
+    }
+
+    /// The forward pass over inputs already on the device, checked by the caller
+    /// ([`Self::check_tokens`]): no host data enters it, so a captured step can run it.
+    pub fn forward_inputs(
+        &self,
+        inputs: &ForwardInputs,
+        hidden_layers: &[usize],
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        if let Some(&bad) = hidden_layers.iter().find(|&&l| l >= self.layers.len()) {
             return Err(ModelError::Invalid(format!(
-                "logits row {bad} of {n} tokens"
+                "hidden states of layer {bad} asked of a model with {} layers",
+                self.layers.len()
             )));
         }
-        let ids = Tensor::new(token_ids, &self.device)?;
-        let rope = self.rope.at(&Tensor::new(positions, &self.device)?)?;
-        let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
-        let rows = Tensor::new(rows.as_slice(), &self.device)?;
+        let n = inputs.token_ids.dim(0)?;
+        if n == 0 || inputs.positions.dims() != [n] {
+            return Err(ModelError::Invalid(format!(
+                "forward: {n} tokens with positions {:?}",
+                inputs.positions.dims()
+            )));
+        }
+        let select = |x: &Tensor| -> Result<Tensor> {
+            Ok(match &inputs.logits_rows {
+                Some(rows) => x.index_select(rows, 0)?,
+                None => x.clone(),
+            })
+        };
+        let rope = self.rope.at(&inputs.positions)?;
         let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
-        let mut x = self.embed.forward(&ids)?;
+        let mut x = self.embed.forward(&inputs.token_ids)?;
         for (idx, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
             let attn_out = self.attention(layer, idx, &h, &rope, n, attn)?;
@@ -297,12 +352,10 @@ impl Transformer {
             let h = layer.ffn_norm.forward(&x)?;
             x = (x + layer.mlp.forward(&h)?)?;
             for (slot, _) in hidden_layers.iter().enumerate().filter(|(_, &l)| l == idx) {
-                hidden[slot] = Some(x.index_select(&rows, 0)?.to_dtype(DType::F32)?);
+                hidden[slot] = Some(select(&x)?.to_dtype(DType::F32)?);
             }
         }
-        let x = self
-            .norm
-            .forward(&x.index_select(&rows, 0)?.contiguous()?)?;
+        let x = self.norm.forward(&select(&x)?.contiguous()?)?;
         // Every asked layer was checked to exist, so each slot was filled in the loop.
         let hidden = hidden.into_iter().flatten().collect();
         Ok((self.lm_head.forward(&x)?, hidden))

@@ -8,7 +8,8 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
@@ -16,7 +17,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor
 
 use crate::entropy_window::EntropyWindowParams;
 use crate::launch::{self, LaunchGeometry};
-use crate::paged_attention::{check_slots, DeviceRows};
+use crate::paged_attention::{check_slots, DeviceRows, HostSlots};
 use crate::{OpsError, Result};
 
 /// One `.cu` file of `kernels/`, compiled to PTX by `build.rs`.
@@ -127,8 +128,40 @@ pub fn open_device(ordinal: usize) -> Result<candle_core::Device> {
         return Ok(device.clone());
     }
     let device = candle_core::Device::new_cuda(ordinal)?;
+    prepare_device(device.as_cuda_device()?)?;
     opened.insert(ordinal, device.clone());
     Ok(device)
+}
+
+/// Settings made once, before any tensor exists on the device:
+/// - cudarc's per-slice event tracking is turned off. Candle makes its device in multi-stream
+///   mode, so every read and write of a slice would record and wait on events, which costs host
+///   time each launch and cannot be captured in a graph. Triage runs every kernel, copy and
+///   cuBLAS call on candle's one stream of the device, so stream order already orders them.
+/// - The stream-ordered memory pool keeps what it has allocated (release threshold at its
+///   maximum) instead of handing it back at each synchronisation, so eager steps and graph
+///   captures reuse the same memory rather than asking the driver again every step.
+fn prepare_device(dev: &CudaDevice) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    // SAFETY: no tensor has been made on this device yet (it was just opened), and triage creates
+    // no second stream: candle's stream is the only one its slices are used on.
+    unsafe { dev.disable_event_tracking() };
+    let stream = dev.cuda_stream();
+    let cu_device = stream.context().cu_device();
+    stream.context().bind_to_thread().w()?;
+    // SAFETY: `cu_device` is the context's own device; the attribute takes a pointer to a u64.
+    unsafe {
+        let pool = result::device::get_mem_pool(cu_device).w()?;
+        let mut keep_all = u64::MAX;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut keep_all as *mut u64).cast(),
+        )
+        .result()
+        .w()?;
+    }
+    Ok(())
 }
 
 /// `(free, total)` bytes of `device`'s memory now (the driver's `cuMemGetInfo`).
@@ -193,9 +226,10 @@ fn logits_reduce_launch<T: DeviceRepr + WithDType>(
 // reshape_and_cache
 
 /// `ReshapeAndCache::cuda_fwd`: `reshape_and_cache_<dtype>` writing row `i` of `src` to slot
-/// `slots[i]` of `cache`. `host_slots` is the same slots on the host when the caller has them;
-/// otherwise they are copied back here (a stream synchronisation) for the bounds check, which
-/// must happen before the launch.
+/// `slots[i]` of `cache`. The bounds check, which must happen before the launch, reads
+/// `host_slots` when the caller has them on the host, copies them back when it has not (a stream
+/// synchronisation), and is skipped for slots the caller checked before the step (a graph
+/// replay's).
 pub(crate) fn reshape_and_cache_fwd(
     cache: &mut CudaStorage,
     cl: &Layout,
@@ -203,7 +237,7 @@ pub(crate) fn reshape_and_cache_fwd(
     sl: &Layout,
     slots: &CudaStorage,
     ll: &Layout,
-    host_slots: Option<&[u32]>,
+    host_slots: HostSlots<'_>,
 ) -> candle_core::Result<()> {
     if !cl.is_contiguous() || !sl.is_contiguous() || !ll.is_contiguous() {
         candle_core::bail!("reshape_and_cache: contiguous inputs only")
@@ -216,12 +250,15 @@ pub(crate) fn reshape_and_cache_fwd(
     let device_slots = view(slots.as_cuda_slice::<u32>()?, ll.start_offset(), num_tokens)?;
     let copied;
     let host_slots = match host_slots {
-        Some(h) if h.len() == num_tokens => h,
-        Some(h) => candle_core::bail!("reshape_and_cache: {} host slots for {num_tokens}", h.len()),
-        None => {
-            copied = dev.clone_dtoh(&device_slots)?;
-            &copied[..]
+        HostSlots::Known(h) if h.len() == num_tokens => Some(h),
+        HostSlots::Known(h) => {
+            candle_core::bail!("reshape_and_cache: {} host slots for {num_tokens}", h.len())
         }
+        HostSlots::Unknown => {
+            copied = dev.clone_dtoh(&device_slots)?;
+            Some(&copied[..])
+        }
+        HostSlots::Checked => None,
     };
     let row_elems = sl.shape().elem_count() / num_tokens;
     if row_elems == 0 || row_elems * num_tokens != sl.shape().elem_count() {
@@ -230,7 +267,9 @@ pub(crate) fn reshape_and_cache_fwd(
             sl.dims()
         )
     }
-    check_slots(host_slots, cl.shape().elem_count() / row_elems).map_err(wrap)?;
+    if let Some(host_slots) = host_slots {
+        check_slots(host_slots, cl.shape().elem_count() / row_elems).map_err(wrap)?;
+    }
     let g =
         launch::reshape_and_cache(num_tokens, launch::RESHAPE_AND_CACHE_THREADS).map_err(wrap)?;
     let rows = RowsArgs {
@@ -584,4 +623,134 @@ fn entropy_window_launch(
     // the four doubles of its state, all inside the buffers whose shapes were checked.
     unsafe { builder.launch(config(g)) }.w()?;
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// step graphs
+
+/// Pinned host memory a [`crate::step_graph::StepBuffer`] is written from: one asynchronous
+/// copy per step, which a pageable buffer would turn into a staged, synchronous one.
+pub struct HostStaging {
+    pinned: Option<PinnedHostSlice<u32>>,
+}
+
+impl HostStaging {
+    /// Staging for `capacity` values on a CUDA `device`; nothing on the CPU.
+    pub fn new(capacity: usize, device: &candle_core::Device) -> Result<Self> {
+        let candle_core::Device::Cuda(dev) = device else {
+            return Ok(Self { pinned: None });
+        };
+        let context = dev.cuda_stream().context().clone();
+        // SAFETY: the memory is left unset; `upload` writes the values it copies first, and the
+        // rest (never written) is copied only into the part of the buffer no view has been given
+        // values for.
+        let pinned = unsafe { context.alloc_pinned::<u32>(capacity.max(1)) }.w()?;
+        Ok(Self {
+            pinned: Some(pinned),
+        })
+    }
+
+    /// `data` into the head of `dst` (a contiguous u32 CUDA tensor of the staging's capacity),
+    /// by way of the pinned memory, in one copy on candle's stream. Writing the pinned memory
+    /// first waits for the previous copy from it to finish.
+    pub fn upload(&mut self, data: &[u32], dst: &Tensor) -> Result<()> {
+        let pinned = self.pinned.as_mut().ok_or_else(|| {
+            OpsError::InvalidArgument("a CPU step buffer's staging used for a CUDA one".into())
+        })?;
+        let host = pinned.as_mut_slice().w()?;
+        host.get_mut(..data.len())
+            .ok_or_else(|| OpsError::InvalidArgument("staging smaller than the step".into()))?
+            .copy_from_slice(data);
+        Ok(dst.inplace_op1(&UploadPinned {
+            pinned,
+            len: data.len(),
+        })?)
+    }
+}
+
+/// The in-place copy of `len` staged values into a CUDA tensor.
+struct UploadPinned<'a> {
+    pinned: &'a PinnedHostSlice<u32>,
+    len: usize,
+}
+
+impl candle_core::InplaceOp1 for UploadPinned<'_> {
+    fn name(&self) -> &'static str {
+        "step-buffer-upload"
+    }
+
+    fn cpu_fwd(&self, _: &mut candle_core::CpuStorage, _: &Layout) -> candle_core::Result<()> {
+        candle_core::bail!("step-buffer-upload: pinned staging is for CUDA tensors")
+    }
+
+    fn cuda_fwd(&self, storage: &mut CudaStorage, layout: &Layout) -> candle_core::Result<()> {
+        let stream = storage.device().cuda_stream();
+        let start = layout.start_offset();
+        let slice = storage.as_cuda_slice_mut::<u32>()?;
+        let capacity = self.pinned.len().min(slice.len().saturating_sub(start));
+        if self.len > capacity {
+            candle_core::bail!("step-buffer-upload: {} values past the buffer", self.len)
+        }
+        let mut dst = slice
+            .try_slice_mut(start..start + capacity)
+            .ok_or_else(|| candle_core::Error::msg("step-buffer-upload: buffer layout"))?;
+        // The whole staging buffer goes: values past `len` are what an earlier step wrote (or
+        // unset, past anything a view was given), and a fixed size keeps it one plain copy.
+        stream.memcpy_htod(self.pinned, &mut dst).w()?;
+        Ok(())
+    }
+}
+
+/// A captured CUDA graph of one decode step.
+pub struct CapturedGraph {
+    graph: CudaGraph,
+}
+
+// SAFETY: a CUDA graph may be used from any thread as long as calls on it are serialised; a
+// `CapturedGraph` is owned by one engine and replayed through `&self` only from the thread that
+// holds that engine (`StepGraph` is not `Sync`, so no two threads share one).
+unsafe impl Send for CapturedGraph {}
+
+impl CapturedGraph {
+    /// Run `step` once eagerly with candle's upload cache on (it records the shape and stride
+    /// parameters the step's kernels upload, and loads every kernel), then capture it on
+    /// candle's stream. Allocations inside the capture become the graph's own; those still held
+    /// at a replay are freed by the next one (`AUTO_FREE_ON_LAUNCH`).
+    pub fn capture(device: &candle_core::Device, step: impl Fn() -> Result<()>) -> Result<Self> {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let dev = device.as_cuda_device()?;
+        let stream = dev.cuda_stream();
+        let _cache = dev.enable_cuda_graph_htod_cache();
+        step()?;
+        stream.synchronize().w()?;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .w()?;
+        let ran = step();
+        let ended = stream.end_capture(
+            sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+        );
+        ran?;
+        let graph = ended.w()?.ok_or_else(|| {
+            OpsError::InvalidArgument("the captured step launched nothing".into())
+        })?;
+        graph.upload().w()?;
+        Ok(Self { graph })
+    }
+
+    pub fn replay(&self) -> Result<()> {
+        Ok(self.graph.launch().w()?)
+    }
+
+    /// Nodes in the graph: each a kernel launch, copy, memset or allocation of the step.
+    pub fn num_nodes(&self) -> Result<usize> {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let mut n = 0usize;
+        // SAFETY: the graph is alive (owned by `self.graph`); a null node array asks only for
+        // the count, written to `n`.
+        unsafe { sys::cuGraphGetNodes(self.graph.cu_graph(), std::ptr::null_mut(), &mut n) }
+            .result()
+            .w()?;
+        Ok(n)
+    }
 }

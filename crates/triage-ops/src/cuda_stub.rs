@@ -37,3 +37,43 @@ pub fn open_device(_ordinal: usize) -> Result<Device> {
 pub fn memory_info(_device: &Device) -> Result<(usize, usize)> {
     Err(OpsError::NotCompiledWithCuda)
 }
+
+/// No staging without the `cuda` feature: CPU step buffers are written in place.
+#[derive(Debug)]
+pub struct HostStaging;
+
+impl HostStaging {
+    /// Nothing on the CPU; a CUDA device needs the `cuda` feature.
+    pub fn new(_capacity: usize, device: &Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Self),
+            _ => Err(OpsError::NotCompiledWithCuda),
+        }
+    }
+
+    /// Needs the `cuda` feature.
+    pub fn upload(&mut self, _data: &[u32], _dst: &Tensor) -> Result<()> {
+        Err(OpsError::NotCompiledWithCuda)
+    }
+}
+
+/// Needs the `cuda` feature.
+#[derive(Debug)]
+pub struct CapturedGraph;
+
+impl CapturedGraph {
+    /// Needs the `cuda` feature.
+    pub fn capture(_device: &Device, _step: impl Fn() -> Result<()>) -> Result<Self> {
+        Err(OpsError::NotCompiledWithCuda)
+    }
+
+    /// Needs the `cuda` feature.
+    pub fn replay(&self) -> Result<()> {
+        Err(OpsError::NotCompiledWithCuda)
+    }
+
+    /// Needs the `cuda` feature.
+    pub fn num_nodes(&self) -> Result<usize> {
+        Err(OpsError::NotCompiledWithCuda)
+    }
+}

@@ -8,6 +8,9 @@ pub enum OpsError {
     Candle(#[from] candle_core::Error),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A captured step (`step_graph`) failed in a layer above the ops.
+    #[error("captured step: {0}")]
+    Step(String),
     #[error("triage-ops was not compiled with the cuda feature")]
     NotCompiledWithCuda,
 }

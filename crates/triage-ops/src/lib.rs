@@ -18,6 +18,7 @@ pub mod logits_reduce;
 pub mod paged_attention;
 mod pool;
 pub mod q8_matmul;
+pub mod step_graph;
 
 pub use error::{OpsError, Result};
 pub use kquant_matmul::{

@@ -145,7 +145,20 @@ pub fn slot_of(block_table: &[u32], block_size: usize, pos: usize) -> u32 {
 /// host ([`SlotMapping`]); without them the CUDA form copies the slots back for its bounds check.
 struct ReshapeAndCache<'a> {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    host_slots: Option<&'a [u32]>,
+    host_slots: HostSlots<'a>,
+}
+
+/// What the CUDA form knows of the slots on the host, for its bounds check.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum HostSlots<'a> {
+    /// Nothing: it copies them back (a stream synchronisation).
+    Unknown,
+    /// Their values.
+    Known(&'a [u32]),
+    /// Checked by the caller against this cache before the step ran (a graph replay, whose
+    /// slots live in a step buffer and are checked on the host before every replay).
+    Checked,
 }
 
 impl InplaceOp3 for ReshapeAndCache<'_> {
@@ -235,7 +248,9 @@ fn check_cache_shapes(cache: &Tensor, rows: &Tensor) -> Result<(usize, usize)> {
 pub fn reshape_and_cache(cache: &Tensor, rows: &Tensor, slots: &Tensor) -> Result<()> {
     check_cache_shapes(cache, rows)?;
     let rows = rows.to_dtype(cache.dtype())?.contiguous()?;
-    let op = ReshapeAndCache { host_slots: None };
+    let op = ReshapeAndCache {
+        host_slots: HostSlots::Unknown,
+    };
     Ok(cache.inplace_op3(&rows, &slots.contiguous()?, &op)?)
 }
 
@@ -243,23 +258,30 @@ pub fn reshape_and_cache(cache: &Tensor, rows: &Tensor, slots: &Tensor) -> Resul
 /// once per step and used by every layer, so that no layer copies its slots back.
 #[derive(Debug, Clone)]
 pub struct SlotMapping {
-    host: Vec<u32>,
+    /// `None` for slots checked by the caller before each use ([`Self::prechecked`]).
+    host: Option<Vec<u32>>,
     device: Tensor,
 }
 
 impl SlotMapping {
     /// Uploads `slots` to `device` and keeps them.
     pub fn new(slots: Vec<u32>, device: &Device) -> Result<Self> {
-        let device = Tensor::new(slots.as_slice(), device)?;
+        let device = crate::step_graph::upload_u32(&slots, device, "slots")?;
         Ok(Self {
-            host: slots,
+            host: Some(slots),
             device,
         })
     }
 
-    /// The slots on the host.
-    pub fn host(&self) -> &[u32] {
-        &self.host
+    /// Slots that live on the device only (a view of a step buffer), which the caller checks on
+    /// the host with [`check_slots`] before every step that writes through them.
+    pub fn prechecked(device: Tensor) -> Self {
+        Self { host: None, device }
+    }
+
+    /// The slots on the host, where this mapping has them.
+    pub fn host(&self) -> Option<&[u32]> {
+        self.host.as_deref()
     }
 
     /// The slots as a `[n]` u32 tensor on the device.
@@ -273,7 +295,10 @@ pub fn reshape_and_cache_mapped(cache: &Tensor, rows: &Tensor, slots: &SlotMappi
     check_cache_shapes(cache, rows)?;
     let rows = rows.to_dtype(cache.dtype())?.contiguous()?;
     let op = ReshapeAndCache {
-        host_slots: Some(&slots.host),
+        host_slots: match &slots.host {
+            Some(host) => HostSlots::Known(host),
+            None => HostSlots::Checked,
+        },
     };
     Ok(cache.inplace_op3(&rows, &slots.device, &op)?)
 }
@@ -322,10 +347,11 @@ impl PagedAttentionPlan {
         meta.validate(num_tokens, num_blocks)?;
         let device_rows = if device.is_cuda() {
             let rows = meta.kernel_rows();
+            let upload = crate::step_graph::upload_u32;
             Some(DeviceRows {
-                block_tables: Tensor::new(rows.block_tables.as_slice(), device)?,
-                row_seq: Tensor::new(rows.row_seq.as_slice(), device)?,
-                row_pos: Tensor::new(rows.row_pos.as_slice(), device)?,
+                block_tables: upload(&rows.block_tables, device, "block tables")?,
+                row_seq: upload(&rows.row_seq, device, "row sequences")?,
+                row_pos: upload(&rows.row_pos, device, "row positions")?,
                 max_blocks_per_seq: rows.max_blocks_per_seq,
                 max_context_len: rows.max_context_len,
             })
@@ -402,6 +428,48 @@ pub fn paged_attention_planned(
         })
         .collect();
     flash_attention_tensors(q, k_cache, v_cache, &seqs)
+}
+
+/// Attention of decode rows read entirely from device tensors (a captured step's buffer):
+/// row `r` of `q` (`[rows, num_heads, head_dim]`) is the last token of sequence
+/// `rows.row_seq[r]`, at position `rows.row_pos[r]`, whose blocks are row `row_seq[r]` of
+/// `rows.block_tables` (`[.., max_blocks_per_seq]`). The CUDA grid covers
+/// `rows.max_context_len` keys and rows with shorter contexts leave early, so one launch serves
+/// any step whose contexts fit. On a GPU the caller checks block ids and positions on the host
+/// first (a kernel cannot report them); the CPU form reads the rows and checks them itself.
+pub fn paged_attention_rows(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    rows: &DeviceRows,
+) -> Result<Tensor> {
+    let block_size = k_cache.dim(1)?;
+    check_shapes(q, k_cache, v_cache, block_size)?;
+    if q.device().is_cuda() {
+        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
+    }
+    let width = rows.max_blocks_per_seq;
+    let tables = rows.block_tables.to_vec1::<u32>()?;
+    let (row_seq, row_pos) = (
+        rows.row_seq.to_vec1::<u32>()?,
+        rows.row_pos.to_vec1::<u32>()?,
+    );
+    let meta = PagedAttentionMetadata {
+        block_size,
+        block_tables: row_seq
+            .iter()
+            .map(|&s| {
+                let start = s as usize * width;
+                tables.get(start..start + width).map(<[u32]>::to_vec)
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| OpsError::InvalidArgument("a row's sequence past the tables".into()))?,
+        seq_lens: row_pos.iter().map(|&p| p as usize + 1).collect(),
+        query_lens: vec![1; row_seq.len()],
+    };
+    check_inputs(q, k_cache, v_cache, &meta)?;
+    let plan = PagedAttentionPlan::new(meta, k_cache.dim(0)?, q.device())?;
+    paged_attention_planned(q, k_cache, v_cache, &plan)
 }
 
 /// Shapes, dtypes and devices of the query and caches agree with each other and with the

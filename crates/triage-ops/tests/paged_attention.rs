@@ -5,8 +5,9 @@ use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use triage_ops::paged_attention::{
-    paged_attention, paged_attention_planned, paged_attention_slow, reshape_and_cache,
-    reshape_and_cache_slow, slot_of, PagedAttentionMetadata, PagedAttentionPlan,
+    paged_attention, paged_attention_planned, paged_attention_rows, paged_attention_slow,
+    reshape_and_cache, reshape_and_cache_slow, slot_of, DeviceRows, PagedAttentionMetadata,
+    PagedAttentionPlan,
 };
 
 const BLOCK_SIZE: usize = 4;
@@ -114,6 +115,69 @@ fn paged_attention_matches_reference_and_never_reads_unused_slots() {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(diff < TOL, "seed {seed}: max abs diff {diff}");
+    }
+}
+
+/// Decode rows read from device tensors (a captured step's buffer): tables wider than any row
+/// needs (padded with block 0), rows listed out of order, a padding row at position 0. Each
+/// real row equals the reference; a table naming a block past the cache is an error.
+#[test]
+fn decode_rows_from_device_tensors_match_the_reference() {
+    for seed in 0..4 {
+        let (q, k, v, meta) = scenario_with(seed, vec![13, 6, 9], vec![1, 1, 1]);
+        let want = paged_attention_slow(&q, &k, &v, &meta).unwrap();
+        let width = 6;
+        let order = [2u32, 0, 1];
+        let mut tables = vec![0u32; 4 * width];
+        for (row, &s) in order.iter().enumerate() {
+            let table = &meta.block_tables[s as usize];
+            tables[row * width..row * width + table.len()].copy_from_slice(table);
+        }
+        // The padding row reads slot 0 of block 0, which holds NaN: only its own output shows it.
+        let positions: Vec<u32> = order
+            .iter()
+            .map(|&s| meta.seq_lens[s as usize] as u32 - 1)
+            .chain([0])
+            .collect();
+        let cpu = |data: &[u32]| Tensor::new(data, &Device::Cpu).unwrap();
+        let rows = DeviceRows {
+            block_tables: cpu(&tables),
+            row_seq: cpu(&[0, 1, 2, 3]),
+            row_pos: cpu(&positions),
+            max_blocks_per_seq: width,
+            max_context_len: width * BLOCK_SIZE,
+        };
+        let q_rows: Vec<Tensor> = order
+            .iter()
+            .map(|&s| q.get(s as usize).unwrap())
+            .chain([q.get(0).unwrap()])
+            .collect();
+        let q_rows = Tensor::stack(&q_rows, 0).unwrap();
+        let got = paged_attention_rows(&q_rows, &k, &v, &rows).unwrap();
+        for (row, &s) in order.iter().enumerate() {
+            let g = got
+                .get(row)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let w = want.get(s as usize).unwrap().flatten_all().unwrap();
+            let w = w.to_vec1::<f32>().unwrap();
+            let diff = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < TOL, "seed {seed} row {row}: max abs diff {diff}");
+        }
+        let mut bad = tables.clone();
+        bad[0] = NUM_BLOCKS as u32;
+        let rows = DeviceRows {
+            block_tables: cpu(&bad),
+            ..rows
+        };
+        assert!(paged_attention_rows(&q_rows, &k, &v, &rows).is_err());
     }
 }
 

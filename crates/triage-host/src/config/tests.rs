@@ -157,6 +157,25 @@ fn models_take_a_device_and_a_kv_dtype() {
 }
 
 #[test]
+fn cuda_graphs_are_off_by_default_gpu_only_and_can_be_forced_off() {
+    let entries = "[[models]]\nname = \"g\"\ndevice = \"cuda:0\"\ncuda_graphs = true\n\
+                   [[models]]\nname = \"c\"\ncuda_graphs = true\n\
+                   [[models]]\nname = \"d\"\ndevice = \"cuda:0\"\n";
+    let mut c = TriageConfig::from_toml_str(entries).unwrap();
+    let graphs = |c: &TriageConfig| -> Vec<bool> {
+        c.models
+            .iter()
+            .map(|m| m.engine_config().unwrap().cuda_graphs)
+            .collect()
+    };
+    // On for the GPU entry that asks; the CPU entry's request is ignored; off by default.
+    assert_eq!(graphs(&c), [true, false, false]);
+    c.disable_cuda_graphs();
+    assert_eq!(graphs(&c), [false, false, false]);
+    assert!(!TriageConfig::default().models[0].cuda_graphs);
+}
+
+#[test]
 fn a_config_file_overrides_defaults_per_model() {
     let config = TriageConfig::from_toml_str(
         r#"

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use triage_kernel_sim::{paged_attention, AttentionShape};
 use triage_ops::launch::{MIN_THREADS, PAGED_ATTENTION_THREADS, PARTITION_SIZE};
-use triage_ops::paged_attention::{self as ops, PagedAttentionMetadata};
+use triage_ops::paged_attention::{self as ops, KernelRows, PagedAttentionMetadata};
 
 use crate::inputs::{close, convert, normal, tensor, Dtype};
 
@@ -28,12 +28,16 @@ struct Dims {
     /// Offset the caches by one element from the allocation, so their rows are not 16-byte
     /// aligned and the kernel reads them element by element.
     misaligned: bool,
+    /// Size the grid for this many keys and widen the block tables to match (padding with
+    /// block 0), as a captured decode step does for the longest context it may meet.
+    grid_context: Option<usize>,
 }
 
 const DIMS: Dims = Dims {
     head_dim: 64,
     block_size: 16,
     misaligned: false,
+    grid_context: None,
 };
 
 /// One step: per sequence, (context length after the step, query rows this step).
@@ -112,6 +116,7 @@ fn run_case_with<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads
         head_dim,
         block_size,
         misaligned,
+        grid_context,
     } = dims;
     let (shape, meta, q, k_cache, v_cache) = build(rng, step, groups, dims);
     // The kernel's dtype holds the values; the CPU op gets the same values in f32.
@@ -133,7 +138,11 @@ fn run_case_with<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads
     .expect("cpu op");
     meta.validate(num_rows, shape.num_blocks)
         .expect("valid metadata");
-    let rows = meta.kernel_rows();
+    let mut rows = meta.kernel_rows();
+    if let Some(keys) = grid_context {
+        rows = widened(&rows, keys.div_ceil(block_size));
+        rows.max_context_len = keys;
+    }
     let offset = usize::from(misaligned);
     let shifted = |cache: &[T]| {
         let mut buffer = vec![cache[0]; offset];
@@ -154,6 +163,23 @@ fn run_case_with<T: Dtype>(rng: &mut StdRng, step: &Step, groups: usize, threads
             close(g, w, ABS, REL),
             "{context}: element {i}: kernel {g}, cpu {w}"
         );
+    }
+}
+
+/// `rows` with block tables `width` blocks wide, padded with block 0.
+fn widened(rows: &KernelRows, width: usize) -> KernelRows {
+    let old = rows.max_blocks_per_seq;
+    let mut block_tables = vec![0; rows.block_tables.len() / old * width];
+    for (dst, src) in block_tables
+        .chunks_mut(width)
+        .zip(rows.block_tables.chunks(old))
+    {
+        dst[..old].copy_from_slice(src);
+    }
+    KernelRows {
+        block_tables,
+        max_blocks_per_seq: width,
+        ..rows.clone()
     }
 }
 
@@ -244,9 +270,31 @@ fn other_head_dims_block_sizes_and_unaligned_caches_match_the_cpu_op() {
             head_dim,
             block_size,
             misaligned,
+            grid_context: None,
         };
         run_case_with::<bf16>(&mut rng, &step, 7, threads, dims);
         run_case_with::<f32>(&mut rng, &step, 12, threads, dims);
         run_case_with::<f16>(&mut rng, &step, 2, threads, dims);
+    }
+}
+
+/// A captured decode step's launch: the grid sized for 4 partitions more than the longest row
+/// needs and the block tables widened to match. Rows whose context ends before a partition leave
+/// it at once (writing the identities the merge skips), so each row is what its own grid gives;
+/// a row of one key beside them exercises the widest gap.
+#[test]
+fn a_grid_sized_for_longer_contexts_gives_each_row_its_own() {
+    let mut rng = StdRng::seed_from_u64(46);
+    let p = PARTITION_SIZE as usize;
+    let step = Step {
+        seqs: vec![(1, 1), (p + 3, 1), (40, 1), (2 * p, 1)],
+    };
+    for (threads, groups) in [(MIN_THREADS, 7), (PAGED_ATTENTION_THREADS, 2)] {
+        let dims = Dims {
+            grid_context: Some(6 * p),
+            ..DIMS
+        };
+        run_case_with::<bf16>(&mut rng, &step, groups, threads, dims);
+        run_case_with::<f32>(&mut rng, &step, groups, threads, dims);
     }
 }
