@@ -551,12 +551,13 @@ fn bench(command: BenchCommand) -> Result<()> {
             decode_tokens,
             json,
             device,
+            cuda_graphs,
         } => {
             if concurrency.is_empty() || concurrency.contains(&0) {
                 anyhow::bail!("--concurrency takes positive integers, e.g. 1,4,16");
             }
-            let results =
-                cli::bench::decode(&load(&model, device)?, &concurrency, 32, decode_tokens)?;
+            let model = load(&model, device)?;
+            let results = cli::bench::decode(&model, &concurrency, 32, decode_tokens, cuda_graphs)?;
             if json {
                 println!("{}", json!({ "results": results }));
             } else {

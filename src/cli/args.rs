@@ -374,6 +374,10 @@ pub enum BenchCommand {
         /// `cpu`, `cuda` or `cuda:N`.
         #[arg(long, default_value = "cpu")]
         device: DeviceSpec,
+        /// Replay decode steps from captured graphs (CUDA graphs on a GPU; on the CPU the same
+        /// path with the captured step run again, no faster).
+        #[arg(long)]
+        cuda_graphs: bool,
     },
     /// Retrieval quality of every mode on a QA data set (needs `models fetch --data`), with
     /// ingestion throughput and hybrid query latency.

@@ -26,6 +26,11 @@ pub struct PrefixBench {
 pub struct DecodeResult {
     pub concurrency: usize,
     pub tokens_per_s: f64,
+    /// Whether decode steps replayed captured graphs.
+    pub cuda_graphs: bool,
+    /// Per captured bucket, `[rows, nodes]`: the launches, copies and memsets one replay makes
+    /// (CUDA only).
+    pub graph_nodes: Vec<[usize; 2]>,
 }
 
 fn greedy(ids: Vec<u32>, max_tokens: usize) -> GenerateRequest {
@@ -51,7 +56,12 @@ fn filler(model: &Model, n: usize, seed: usize) -> Result<Vec<u32>> {
     Ok((0..n).map(|i| base[(i + seed * 7) % base.len()]).collect())
 }
 
-fn engine(model: &Arc<Model>, num_tokens: usize, max_num_seqs: usize) -> Result<LlmEngine> {
+fn engine(
+    model: &Arc<Model>,
+    num_tokens: usize,
+    max_num_seqs: usize,
+    cuda_graphs: bool,
+) -> Result<LlmEngine> {
     let block_size = 16;
     let config = EngineConfig {
         kv_budget: KvBudget::Blocks(num_tokens.div_ceil(block_size) + 8),
@@ -59,6 +69,7 @@ fn engine(model: &Arc<Model>, num_tokens: usize, max_num_seqs: usize) -> Result<
         max_num_batched_tokens: 4096,
         max_num_seqs,
         prefix_caching: true,
+        cuda_graphs,
         ..EngineConfig::default()
     };
     Ok(LlmEngine::new(model.clone(), config)?)
@@ -91,7 +102,7 @@ pub fn prefix(
     let prefix = filler(model, prefix_tokens, 0)?;
     let q1 = [prefix.clone(), filler(model, question_tokens, 1)?].concat();
     let q2 = [prefix, filler(model, question_tokens, 2)?].concat();
-    let mut engine = engine(model, 2 * (prefix_tokens + question_tokens) + 64, 4)?;
+    let mut engine = engine(model, 2 * (prefix_tokens + question_tokens) + 64, 4, false)?;
     let cold = ttft(&mut engine, &greedy(q1, 1))?;
     let cached = ttft(&mut engine, &greedy(q2, 1))?;
     Ok(PrefixBench {
@@ -103,15 +114,18 @@ pub fn prefix(
     })
 }
 
+/// Decode tokens/s at each concurrency, eager or through captured graphs (`cuda_graphs`).
 pub fn decode(
     model: &Arc<Model>,
     concurrency: &[usize],
     prompt_tokens: usize,
     decode_tokens: usize,
+    cuda_graphs: bool,
 ) -> Result<Vec<DecodeResult>> {
     let mut results = Vec::new();
     for &c in concurrency {
-        let mut engine = engine(model, c * (prompt_tokens + decode_tokens + 16), c)?;
+        let num_tokens = c * (prompt_tokens + decode_tokens + 16);
+        let mut engine = engine(model, num_tokens, c, cuda_graphs)?;
         let requests: Vec<_> = (0..c)
             .map(|i| filler(model, prompt_tokens, 10 + i).map(|ids| greedy(ids, decode_tokens)))
             .collect::<Result<_>>()?;
@@ -124,6 +138,8 @@ pub fn decode(
         while engine.scheduler().num_waiting() > 0 {
             engine.step()?;
         }
+        // And the first decode step, which captures the bucket's graph when graphs are on.
+        engine.step()?;
         let start = Instant::now();
         let mut tokens = 0usize;
         while engine.has_unfinished() {
@@ -133,6 +149,8 @@ pub fn decode(
         results.push(DecodeResult {
             concurrency: c,
             tokens_per_s: tokens as f64 / secs,
+            cuda_graphs,
+            graph_nodes: engine.graph_nodes()?,
         });
     }
     Ok(results)

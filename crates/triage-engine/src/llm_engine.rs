@@ -432,6 +432,14 @@ impl LlmEngine {
         self.graphs.as_ref().map_or(0, DecodeGraphs::num_captured)
     }
 
+    /// `[rows, nodes]` of each captured CUDA graph, by bucket: the kernel launches, copies and
+    /// memsets one replay makes. Empty on the CPU and with graphs off.
+    pub fn graph_nodes(&self) -> Result<Vec<[usize; 2]>> {
+        self.graphs
+            .as_ref()
+            .map_or(Ok(Vec::new()), DecodeGraphs::node_counts)
+    }
+
     /// Sample every row, stream tokens, and end requests that hit a stop string or EOS. A row
     /// that cannot be sampled (non-finite logits after its penalties) ends its own request with
     /// [`FinishReason::Error`]; the other rows go on.

@@ -1,7 +1,8 @@
 //! The engine on a CUDA device against the same engine on the CPU: GGUF block types through
 //! candle's CUDA quantized matmul, the paged engine's greedy tokens (f32 layout exact; the bf16
 //! GPU layout runs clean), a prefix persisted from device blocks and loaded back into a fresh
-//! engine, and the entropy-window kernel against `EntropyMonitor`. Built only with the `cuda` feature and run by `scripts/device-check` on a GPU.
+//! engine, decode replayed from CUDA graphs against eager decode and the CPU, and the
+//! entropy-window kernel against `EntropyMonitor`. Built only with the `cuda` feature and run by `scripts/device-check` on a GPU.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -266,6 +267,48 @@ fn the_paged_engine_on_the_gpu_gives_the_cpu_tokens() {
         &requests,
     );
     assert!(got.iter().all(|ids| ids.len() == 12), "{got:?}");
+}
+
+/// Decode replayed from CUDA graphs gives the eager engine's tokens on the same GPU (bf16 layout,
+/// 48 tokens a request, batches padded up to buckets 8, 4, 2 and 1 as requests end) and, with
+/// f32 weights and cache, the CPU's. Every bucket's graph holds launches.
+#[test]
+fn graphed_decode_on_the_gpu_gives_the_eager_and_the_cpu_tokens() {
+    let requests: Vec<_> = (0..6)
+        .map(|i| {
+            let mut r = request(i, &[1, 2, 3, 4, 5, 6, 7, 8]);
+            r.params.max_tokens = Some(40 + 2 * i);
+            r
+        })
+        .collect();
+    // Room for every request at once (no preemption), graphs on or off.
+    let sized = |kv: Option<DType>, cuda_graphs: bool| EngineConfig {
+        kv_budget: KvBudget::Blocks(160),
+        cuda_graphs,
+        ..config(kv)
+    };
+    let (_d, bf16_model) = tiny(&LoadOptions::for_device(DeviceSpec::Cuda(0)).unwrap());
+    let eager = run(
+        &mut LlmEngine::new(bf16_model.clone(), sized(None, false)).unwrap(),
+        &requests,
+    );
+    let mut engine = LlmEngine::new(bf16_model, sized(None, true)).unwrap();
+    assert_eq!(run(&mut engine, &requests), eager, "bf16: graphed vs eager");
+    assert!(engine.num_captured_graphs() >= 3);
+    let nodes = engine.graph_nodes().unwrap();
+    assert!(nodes.iter().all(|&[_, n]| n > 0), "{nodes:?}");
+    eprintln!("graph nodes per bucket (tiny model, 2 layers): {nodes:?}");
+    let (_d, cpu_model) = tiny(&LoadOptions::default());
+    let expected = run(
+        &mut LlmEngine::new(cpu_model, sized(None, false)).unwrap(),
+        &requests,
+    );
+    let (_d, f32_model) = tiny(&f32_on_gpu());
+    let got = run(
+        &mut LlmEngine::new(f32_model, sized(Some(DType::F32), true)).unwrap(),
+        &requests,
+    );
+    assert_eq!(got, expected, "f32 graphed on the GPU vs the CPU");
 }
 
 #[test]

@@ -130,6 +130,18 @@ impl DecodeGraphs {
         self.captured.len()
     }
 
+    /// `[bucket, nodes]` of each CUDA graph, by bucket (none on the CPU).
+    pub(super) fn node_counts(&self) -> Result<Vec<[usize; 2]>> {
+        let mut counts = Vec::new();
+        for (&bucket, graph) in &self.captured {
+            if let Some(nodes) = graph.graph.num_nodes()? {
+                counts.push([bucket, nodes]);
+            }
+        }
+        counts.sort_unstable();
+        Ok(counts)
+    }
+
     /// The logits (`[seqs.len(), vocab]` f32) of one decode step: its inputs are checked on the
     /// host, written to the bucket's buffer, and the bucket's graph replays (captured first if
     /// this is the bucket's first step). The tensor is the bucket's output, valid until the next
