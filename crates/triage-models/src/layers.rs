@@ -35,14 +35,18 @@ impl DenseLayout {
     };
 }
 
-/// `x` (f32) times `wᵀ` in `w`'s dtype, back to f32: a bf16 matrix multiplies bf16 activations
-/// (the tensor cores' input) while the residual stream stays f32.
-fn dense_matmul(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+/// `x` (f32) times `wᵀ` in `w`'s dtype: a bf16 matrix multiplies bf16 activations (the tensor
+/// cores' input). The product comes back in `x`'s dtype (the residual stream stays f32), or in
+/// `w`'s when `keep_weight_dtype` (the LM head's logits).
+fn dense_matmul(x: &Tensor, w: &Tensor, keep_weight_dtype: bool) -> Result<Tensor> {
     if w.dtype() == x.dtype() {
         return Ok(x.matmul(&w.t()?)?);
     }
     let y = x.to_dtype(w.dtype())?.matmul(&w.t()?)?;
-    Ok(y.to_dtype(x.dtype())?)
+    match keep_weight_dtype {
+        true => Ok(y),
+        false => Ok(y.to_dtype(x.dtype())?),
+    }
 }
 
 /// A linear layer `y = x Wᵀ + b` over rows of `x` (`[num_tokens, in]`).
@@ -153,14 +157,36 @@ impl Linear {
 
     /// `x`: `[rows, in]` f32 → `[rows, out]` f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.product(x, false)
+    }
+
+    /// [`Self::forward`], a dense product left in the weight's dtype (bf16 on a GPU) instead of
+    /// converted back to f32: the LM head's, so the logits reduction reads half the bytes. See
+    /// [`Self::output_dtype`].
+    pub fn forward_in_weight_dtype(&self, x: &Tensor) -> Result<Tensor> {
+        self.product(x, true)
+    }
+
+    /// What [`Self::forward_in_weight_dtype`] returns for f32 input: the dense matrix's dtype
+    /// for a dense layer, f32 for quantized blocks (their kernels write f32).
+    pub fn output_dtype(&self) -> DType {
+        let quantized = self.q8.is_some() || self.kquant.is_some() || self.quantized.is_some();
+        match (&self.dense, quantized) {
+            (Some(w), false) => w.dtype(),
+            _ => DType::F32,
+        }
+    }
+
+    fn product(&self, x: &Tensor, keep: bool) -> Result<Tensor> {
         let rows = x.dim(0)?;
         let quantized = self.q8.is_some() || self.kquant.is_some() || self.quantized.is_some();
         let y = match (&self.dense, &self.q8, &self.kquant, &self.quantized) {
-            (Some(w), ..) if quantized && rows >= Q8_MAX_ROWS => dense_matmul(x, w)?,
+            // A dense copy of quantized blocks is f32 (CPU prefill): `keep` changes nothing.
+            (Some(w), ..) if quantized && rows >= Q8_MAX_ROWS => dense_matmul(x, w, false)?,
             (_, Some(q), _, _) => q8_matmul(x, q)?,
             (_, None, Some(k), _) => kquant_matmul(x, k)?,
             (_, None, None, Some(q)) => q.forward(x)?,
-            (Some(w), None, None, None) => dense_matmul(x, w)?,
+            (Some(w), None, None, None) => dense_matmul(x, w, keep)?,
             (None, None, None, None) => {
                 return Err(crate::ModelError::Invalid(
                     "linear layer without weight".into(),

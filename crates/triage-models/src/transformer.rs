@@ -263,6 +263,19 @@ impl Transformer {
         hidden_layers: &[usize],
         attn: &mut dyn AttentionBackend,
     ) -> Result<(Tensor, Vec<Tensor>)> {
+        let inputs = self.inputs(token_ids, positions, logits_rows)?;
+        let (logits, hidden) = self.forward_inputs(&inputs, hidden_layers, attn)?;
+        Ok((logits.to_dtype(DType::F32)?, hidden))
+    }
+
+    /// A pass's inputs checked on the host ([`Self::check_tokens`], `logits_rows` inside the
+    /// pass) and uploaded to the model's device, for [`Self::forward_inputs`].
+    pub fn inputs(
+        &self,
+        token_ids: &[u32],
+        positions: &[u32],
+        logits_rows: &[usize],
+    ) -> Result<ForwardInputs> {
         let n = token_ids.len();
         if positions.len() != n {
             return Err(ModelError::Invalid(format!(
@@ -278,12 +291,17 @@ impl Transformer {
         }
         let dev = &self.device;
         let rows: Vec<u32> = logits_rows.iter().map(|&r| r as u32).collect();
-        let inputs = ForwardInputs {
+        Ok(ForwardInputs {
             token_ids: upload_u32(token_ids, dev, "token ids")?,
             positions: upload_u32(positions, dev, "positions")?,
             logits_rows: Some(upload_u32(&rows, dev, "logits rows")?),
-        };
-        self.forward_inputs(&inputs, hidden_layers, attn)
+        })
+    }
+
+    /// The dtype of [`Self::forward_inputs`]' logits: the LM head's (f32 on the CPU; bf16 for a
+    /// dense bf16 head on a GPU, which halves what the logits reduction reads).
+    pub fn logits_dtype(&self) -> DType {
+        self.lm_head.output_dtype()
     }
 
     /// Token ids inside the vocabulary and positions inside the rotary tables: what a forward
@@ -316,7 +334,8 @@ impl Transformer {
     }
 
     /// The forward pass over inputs already on the device, checked by the caller
-    /// ([`Self::check_tokens`]): no host data enters it, so a captured step can run it.
+    /// ([`Self::check_tokens`]): no host data enters it, so a captured step can run it. The
+    /// logits are in [`Self::logits_dtype`]; the hidden states f32.
     pub fn forward_inputs(
         &self,
         inputs: &ForwardInputs,
@@ -358,7 +377,7 @@ impl Transformer {
         let x = self.norm.forward(&select(&x)?.contiguous()?)?;
         // Every asked layer was checked to exist, so each slot was filled in the loop.
         let hidden = hidden.into_iter().flatten().collect();
-        Ok((self.lm_head.forward(&x)?, hidden))
+        Ok((self.lm_head.forward_in_weight_dtype(&x)?, hidden))
     }
 
     fn attention(

@@ -16,8 +16,14 @@ pub const MAX_THREADS: u32 = 1024;
 /// Dynamic shared memory a block may use without opting in (48 KiB on every CUDA device).
 pub const MAX_DEFAULT_SHARED_BYTES: u32 = 48 * 1024;
 
-/// Block size of `logits_reduce`: 8 warps keep enough 16-byte loads in flight for a 152k row.
+/// Block size of `logits_reduce`: 8 warps keep enough 16-byte loads in flight for a chunk.
 pub const LOGITS_REDUCE_THREADS: u32 = 256;
+/// Logits one `logits_reduce` block reduces at most: a row longer than this is split over
+/// several blocks whose partial results `logits_reduce_merge` combines, so that a batch of a few
+/// rows (decode) still puts a block on every multiprocessor (152k logits: 19 blocks a row).
+pub const LOGITS_REDUCE_CHUNK: usize = 8192;
+/// Blocks one row is split over at most (one merge thread each).
+pub const LOGITS_REDUCE_MAX_SPLITS: usize = 32;
 /// Block size of `entropy_window` (one thread per sequence).
 pub const ENTROPY_WINDOW_THREADS: u32 = 64;
 /// Block size of `reshape_and_cache` (one block per token row).
@@ -78,15 +84,52 @@ fn grid_dim(count: usize, max: usize, what: &str) -> Result<u32> {
     Ok(count as u32)
 }
 
-/// `logits_reduce_<dtype>`: one block per row; each thread keeps its own top-k list, and the
-/// block merges them in dynamic shared memory (`threads · k` ids and values).
-pub fn logits_reduce(num_rows: usize, k: usize, threads: u32) -> Result<LaunchGeometry> {
-    let shared = threads as usize * k * (std::mem::size_of::<f32>() + std::mem::size_of::<u32>());
+/// How `logits_reduce` cuts a row of `vocab` logits: `(splits, chunk)`, chunks of `chunk`
+/// logits (a multiple of 8, so each starts on the row's 16-byte phase) with none empty. It
+/// depends on the vocabulary only, so a row's result never depends on the batch around it.
+pub fn logits_reduce_splits(vocab: usize) -> (usize, usize) {
+    let splits = vocab
+        .div_ceil(LOGITS_REDUCE_CHUNK)
+        .clamp(1, LOGITS_REDUCE_MAX_SPLITS);
+    let chunk = vocab.div_ceil(splits).div_ceil(8).max(1) * 8;
+    (vocab.div_ceil(chunk).max(1), chunk)
+}
+
+/// `logits_reduce_<dtype>`: grid (rows, splits of [`logits_reduce_splits`]); each thread keeps
+/// its own top-k list, and the block merges them in dynamic shared memory (`threads · k` ids and
+/// values).
+pub fn logits_reduce(
+    num_rows: usize,
+    vocab: usize,
+    k: usize,
+    threads: u32,
+) -> Result<LaunchGeometry> {
+    let (splits, _) = logits_reduce_splits(vocab);
+    LaunchGeometry::new(
+        (
+            grid_dim(num_rows, MAX_GRID_X, "rows")?,
+            grid_dim(splits, MAX_GRID_YZ, "splits")?,
+            1,
+        ),
+        threads,
+        top_k_shared_bytes(threads, k),
+    )
+}
+
+/// `logits_reduce_merge_f32`: one warp per row, a thread per split, merging the splits' states
+/// and top-k lists as one block merges its threads'.
+pub fn logits_reduce_merge(num_rows: usize, k: usize) -> Result<LaunchGeometry> {
+    let threads = LOGITS_REDUCE_MAX_SPLITS as u32;
     LaunchGeometry::new(
         (grid_dim(num_rows, MAX_GRID_X, "rows")?, 1, 1),
         threads,
-        shared as u32,
+        top_k_shared_bytes(threads, k),
     )
+}
+
+/// A top-k list of `k` (value, id) pairs per thread.
+fn top_k_shared_bytes(threads: u32, k: usize) -> u32 {
+    (threads as usize * k * (std::mem::size_of::<f32>() + std::mem::size_of::<u32>())) as u32
 }
 
 /// `entropy_window_f32`: one thread per sequence.
@@ -189,17 +232,36 @@ mod tests {
 
     #[test]
     fn block_sizes_are_whole_warps() {
-        assert!(logits_reduce(1, 20, 48).is_err());
-        assert!(logits_reduce(1, 20, 2048).is_err());
-        assert!(logits_reduce(1, 20, MIN_THREADS).is_ok());
+        assert!(logits_reduce(1, 100, 20, 48).is_err());
+        assert!(logits_reduce(1, 100, 20, 2048).is_err());
+        assert!(logits_reduce(1, 100, 20, MIN_THREADS).is_ok());
     }
 
     #[test]
     fn logits_reduce_shared_memory_fits_at_the_largest_k() {
-        let g = logits_reduce(64, crate::MAX_TOP_K, LOGITS_REDUCE_THREADS).unwrap();
-        assert_eq!(g.grid, (64, 1, 1));
+        let g = logits_reduce(64, 151_936, crate::MAX_TOP_K, LOGITS_REDUCE_THREADS).unwrap();
+        assert_eq!(g.grid, (64, 19, 1));
         assert_eq!(g.shared_mem_bytes, 256 * 20 * 8);
-        assert!(logits_reduce(1, crate::MAX_TOP_K, MAX_THREADS).is_err());
+        assert!(logits_reduce(1, 100, crate::MAX_TOP_K, MAX_THREADS).is_err());
+        let merge = logits_reduce_merge(64, crate::MAX_TOP_K).unwrap();
+        assert_eq!((merge.grid, merge.block.0), ((64, 1, 1), 32));
+    }
+
+    #[test]
+    fn rows_split_into_chunks_that_cover_them_once() {
+        for vocab in [1, 7, 8192, 8193, 32_000, 151_936, 1 << 20] {
+            let (splits, chunk) = logits_reduce_splits(vocab);
+            assert_eq!(chunk % 8, 0);
+            assert!(splits <= LOGITS_REDUCE_MAX_SPLITS);
+            assert!(
+                chunk * (splits - 1) < vocab && vocab <= chunk * splits,
+                "{vocab}"
+            );
+        }
+        assert_eq!(logits_reduce_splits(8192), (1, 8192));
+        assert_eq!(logits_reduce_splits(151_936), (19, 8000));
+        // Past 32 · 8192 logits the chunks grow instead.
+        assert_eq!(logits_reduce_splits(1 << 20).0, 32);
     }
 
     #[test]

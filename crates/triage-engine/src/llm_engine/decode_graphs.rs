@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use triage_models::model::Model;
 use triage_models::paged_kv_cache::{DeviceDecodeStep, PagedKvCache, SeqStep};
 use triage_models::transformer::ForwardInputs;
@@ -32,7 +32,7 @@ pub fn bucket_for(rows: usize) -> Option<usize> {
 struct BucketGraph {
     buffer: StepBuffer,
     graph: StepGraph,
-    /// `[bucket, vocab]` f32, rewritten by every replay.
+    /// `[bucket, vocab]` in the LM head's dtype, rewritten by every replay.
     logits: Tensor,
 }
 
@@ -142,7 +142,7 @@ impl DecodeGraphs {
         Ok(counts)
     }
 
-    /// The logits (`[seqs.len(), vocab]` f32) of one decode step: its inputs are checked on the
+    /// The logits (`[seqs.len(), vocab]`, the LM head's dtype) of one decode step: its inputs are checked on the
     /// host, written to the bucket's buffer, and the bucket's graph replays (captured first if
     /// this is the bucket's first step). The tensor is the bucket's output, valid until the next
     /// step.
@@ -201,8 +201,9 @@ impl DecodeGraphs {
         let device = self.model.transformer.device();
         let mut buffer = StepBuffer::new(layout.len(), device)?;
         buffer.write(data)?;
-        let vocab = self.model.transformer.config().vocab_size;
-        let logits = Tensor::zeros((layout.bucket, vocab), DType::F32, device)?;
+        let transformer = &self.model.transformer;
+        let vocab = transformer.config().vocab_size;
+        let logits = Tensor::zeros((layout.bucket, vocab), transformer.logits_dtype(), device)?;
         let (inputs, rows, slots) = layout.views(&buffer, self.cache.block_size())?;
         let (model, cache, out) = (Arc::clone(&self.model), self.cache.clone(), logits.clone());
         let graph = StepGraph::capture(device, move || {

@@ -8,9 +8,10 @@ use triage_ops::{logits_reduce_packed, packed_width, MAX_TOP_K};
 
 use crate::inputs::{close, convert, normal, tensor, Dtype};
 
-/// Qwen2's vocabulary, and sizes around the vector widths (4 f32 or 8 f16/bf16 per 16 bytes)
-/// and the block sizes.
-const VOCABS: [usize; 10] = [1, 2, 3, 7, 8, 9, 33, 1000, 4099, 151_936];
+/// Qwen2's vocabulary (19 chunks merged), one just past a chunk (two, the second 16-byte phase
+/// kept), and sizes around the vector widths (4 f32 or 8 f16/bf16 per 16 bytes) and the block
+/// sizes.
+const VOCABS: [usize; 11] = [1, 2, 3, 7, 8, 9, 33, 1000, 4099, 8193, 151_936];
 const KS: [usize; 4] = [0, 1, 5, MAX_TOP_K];
 
 /// Kernel vs CPU op, both computing in f32 from the same converted logits. The CPU op's
@@ -98,7 +99,7 @@ fn run_case<T: Dtype>(rng: &mut StdRng, vocab: usize, k: usize, threads: u32, of
     let want = logits_reduce_packed(&tensor(logits, &[rows.len(), vocab]), k)
         .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
         .expect("cpu op");
-    let g = launch::logits_reduce(rows.len(), k, threads).expect("geometry");
+    let g = launch::logits_reduce(rows.len(), vocab, k, threads).expect("geometry");
     let mut got = vec![OUTPUT_POISON; rows.len() * packed_width(k)];
     let context = format!(
         "{:?} vocab {vocab} k {k} threads {threads} offset {offset}",
@@ -148,8 +149,8 @@ fn batches_match_the_cpu_op() {
         let want = logits_reduce_packed(&tensor(&logits, &[num_rows, vocab]), MAX_TOP_K)
             .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
             .expect("cpu op");
-        let g =
-            launch::logits_reduce(num_rows, MAX_TOP_K, LOGITS_REDUCE_THREADS).expect("geometry");
+        let g = launch::logits_reduce(num_rows, vocab, MAX_TOP_K, LOGITS_REDUCE_THREADS)
+            .expect("geometry");
         let mut got = vec![OUTPUT_POISON; num_rows * packed_width(MAX_TOP_K)];
         logits_reduce(&g, &logits, &mut got, vocab, MAX_TOP_K).expect("launch");
         check_rows(
@@ -169,7 +170,7 @@ fn batches_match_the_cpu_op() {
 fn too_little_shared_memory_is_reported() {
     let mut rng = StdRng::seed_from_u64(5);
     let logits = normal(&mut rng, 1000, 2.0);
-    let mut g = launch::logits_reduce(1, 5, LOGITS_REDUCE_THREADS).expect("geometry");
+    let mut g = launch::logits_reduce(1, 1000, 5, LOGITS_REDUCE_THREADS).expect("geometry");
     g.shared_mem_bytes -= 32;
     let mut out = vec![OUTPUT_POISON; packed_width(5)];
     assert!(logits_reduce(&g, &logits, &mut out, 1000, 5).is_err());
