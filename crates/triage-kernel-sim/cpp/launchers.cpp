@@ -6,6 +6,8 @@
 #include "logits_reduce.cu"
 #include "paged_attention.cu"
 #include "reshape_and_cache.cu"
+#include "rms_norm.cu"
+#include "silu_mul.cu"
 
 /// triage_ops::launch::LaunchGeometry, as the Rust side passes it.
 struct SimGeometry {
@@ -93,3 +95,20 @@ extern "C" int sim_paged_attention_merge_f32(const SimGeometry* g, float* out, c
         paged_attention_merge_f32(out, part_out, part_max, part_sum, row_pos, num_heads, head_dim, num_partitions);
     });
 }
+
+#define SILU_MUL_LAUNCHER(NAME, T)                                                                  \
+    extern "C" int sim_##NAME(const SimGeometry* g, const T* gate_up, T* out, int inter) {          \
+        return run(g, [=] { NAME(gate_up, out, inter); });                                          \
+    }
+SILU_MUL_LAUNCHER(silu_mul_f32, float)
+SILU_MUL_LAUNCHER(silu_mul_f16, __half)
+SILU_MUL_LAUNCHER(silu_mul_bf16, __nv_bfloat16)
+
+#define ADD_RMS_NORM_LAUNCHER(NAME, T)                                                                    \
+    extern "C" int sim_##NAME(const SimGeometry* g, float* residual, const T* delta, const float* weight, \
+                              T* out, int hidden, float eps) {                                            \
+        return run(g, [=] { NAME(residual, delta, weight, out, hidden, eps); });                          \
+    }
+ADD_RMS_NORM_LAUNCHER(add_rms_norm_f32, float)
+ADD_RMS_NORM_LAUNCHER(add_rms_norm_f16, __half)
+ADD_RMS_NORM_LAUNCHER(add_rms_norm_bf16, __nv_bfloat16)

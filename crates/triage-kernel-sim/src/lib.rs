@@ -90,6 +90,17 @@ type ReshapeAndCacheFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 type PagedAttentionFn = unsafe extern "C" fn(*const SimGeometry, *const SimPagedAttention) -> c_int;
+type SiluMulFn =
+    unsafe extern "C" fn(*const SimGeometry, *const c_void, *mut c_void, c_int) -> c_int;
+type AddRmsNormFn = unsafe extern "C" fn(
+    *const SimGeometry,
+    *mut f32,
+    *const c_void,
+    *const f32,
+    *mut c_void,
+    c_int,
+    f32,
+) -> c_int;
 
 extern "C" {
     fn cudasim_last_error() -> *const c_char;
@@ -168,6 +179,51 @@ extern "C" {
     fn sim_paged_attention_f32(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
     fn sim_paged_attention_f16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
     fn sim_paged_attention_bf16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
+    fn sim_silu_mul_f32(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut c_void,
+        inter: c_int,
+    ) -> c_int;
+    fn sim_add_rms_norm_f32(
+        g: *const SimGeometry,
+        residual: *mut f32,
+        delta: *const c_void,
+        weight: *const f32,
+        out: *mut c_void,
+        hidden: c_int,
+        eps: f32,
+    ) -> c_int;
+    fn sim_silu_mul_f16(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut c_void,
+        inter: c_int,
+    ) -> c_int;
+    fn sim_add_rms_norm_f16(
+        g: *const SimGeometry,
+        residual: *mut f32,
+        delta: *const c_void,
+        weight: *const f32,
+        out: *mut c_void,
+        hidden: c_int,
+        eps: f32,
+    ) -> c_int;
+    fn sim_silu_mul_bf16(
+        g: *const SimGeometry,
+        x: *const c_void,
+        o: *mut c_void,
+        inter: c_int,
+    ) -> c_int;
+    fn sim_add_rms_norm_bf16(
+        g: *const SimGeometry,
+        residual: *mut f32,
+        delta: *const c_void,
+        weight: *const f32,
+        out: *mut c_void,
+        hidden: c_int,
+        eps: f32,
+    ) -> c_int;
     fn sim_paged_attention_merge_f32(
         g: *const SimGeometry,
         out: *mut f32,
@@ -199,24 +255,34 @@ mod launchers {
         const RESHAPE_AND_CACHE: ReshapeAndCacheFn;
         /// `paged_attention_<dtype>`.
         const PAGED_ATTENTION: PagedAttentionFn;
+        /// `silu_mul_<dtype>`.
+        const SILU_MUL: SiluMulFn;
+        /// `add_rms_norm_<dtype>`.
+        const ADD_RMS_NORM: AddRmsNormFn;
     }
 
     impl Launchers for f32 {
         const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_f32;
         const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_f32;
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f32;
+        const SILU_MUL: SiluMulFn = sim_silu_mul_f32;
+        const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_f32;
     }
 
     impl Launchers for f16 {
         const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_f16;
         const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_f16;
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f16;
+        const SILU_MUL: SiluMulFn = sim_silu_mul_f16;
+        const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_f16;
     }
 
     impl Launchers for bf16 {
         const LOGITS_REDUCE: LogitsReduceFn = sim_logits_reduce_bf16;
         const RESHAPE_AND_CACHE: ReshapeAndCacheFn = sim_reshape_and_cache_bf16;
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_bf16;
+        const SILU_MUL: SiluMulFn = sim_silu_mul_bf16;
+        const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_bf16;
     }
 }
 
@@ -399,6 +465,84 @@ pub fn reshape_and_cache<T: Elem>(
             cache.as_mut_ptr().cast(),
             slots.as_ptr(),
             row_elems,
+        )
+    })
+}
+
+/// `silu_mul_<dtype>` over `[rows, 2 · inter]` `gate_up` (rows = grid x) into `[rows, inter]`.
+pub fn silu_mul<T: Elem>(
+    g: &LaunchGeometry,
+    gate_up: &[T],
+    out: &mut [T],
+    inter: usize,
+) -> Result<()> {
+    let rows = g.grid.0 as usize;
+    check(
+        inter > 0 && gate_up.len() == rows * 2 * inter && out.len() == rows * inter,
+        || {
+            format!(
+                "{rows} rows of {inter}: {} inputs, {} outputs",
+                gate_up.len(),
+                out.len()
+            )
+        },
+    )?;
+    let geometry = SimGeometry::from(g);
+    let inter = c_int_of(inter)?;
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel reads `rows · 2 · inter` inputs and writes `rows · inter` outputs, the
+    // lengths checked above; both slices outlive the synchronous launch.
+    run(|| unsafe {
+        T::SILU_MUL(
+            &geometry,
+            gate_up.as_ptr().cast(),
+            out.as_mut_ptr().cast(),
+            inter,
+        )
+    })
+}
+
+/// `add_rms_norm_<dtype>` over `residual` (`[rows, hidden]`, rows = grid x), adding `delta`
+/// first when given (`None` passes a null pointer), into `out` (`[rows, hidden]`).
+pub fn add_rms_norm<T: Elem>(
+    g: &LaunchGeometry,
+    residual: &mut [f32],
+    delta: Option<&[T]>,
+    weight: &[f32],
+    out: &mut [T],
+    eps: f32,
+) -> Result<()> {
+    let rows = g.grid.0 as usize;
+    let hidden = weight.len();
+    check(
+        hidden > 0
+            && residual.len() == rows * hidden
+            && out.len() == rows * hidden
+            && delta.is_none_or(|d| d.len() == rows * hidden),
+        || {
+            format!(
+                "{rows} rows of {hidden}: {} residual, {} outputs",
+                residual.len(),
+                out.len()
+            )
+        },
+    )?;
+    let geometry = SimGeometry::from(g);
+    let delta = delta.map_or(std::ptr::null(), |d| d.as_ptr().cast());
+    let hidden = c_int_of(hidden)?;
+    #[allow(unsafe_code)]
+    // SAFETY: block r reads and writes row r of `residual`, reads row r of `delta` (or nothing:
+    // null) and the weights, and writes row r of `out`; the lengths are checked above and the
+    // slices outlive the synchronous launch.
+    run(|| unsafe {
+        T::ADD_RMS_NORM(
+            &geometry,
+            residual.as_mut_ptr(),
+            delta,
+            weight.as_ptr(),
+            out.as_mut_ptr().cast(),
+            hidden,
+            eps,
         )
     })
 }

@@ -1,9 +1,10 @@
-//! Linear layers that read the same input (Q, K and V; gate and up) run as one int8 product:
-//! the input is quantized once and the pool is dispatched once instead of per layer.
+//! Linear layers that read the same input (Q, K and V; gate and up) run as one product: on the
+//! CPU one int8 product (the input is quantized once and the pool is dispatched once instead of
+//! per layer); bf16 or f16 matrices (the GPU's layout) as one GEMM over the stacked matrix.
 
 use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, Q8Matrix};
 
 use crate::layers::{Linear, Q8_MAX_ROWS};
@@ -31,6 +32,47 @@ pub struct FusedLinear {
 enum Stacked {
     Q8(Arc<Q8Matrix>),
     KQuant(Arc<KQuantMatrix>),
+    /// bf16 or f16 rows `[Σ out_i, in]`, with the parts' biases stacked in the same dtype.
+    Dense {
+        weight: Tensor,
+        bias: Option<Tensor>,
+    },
+}
+
+/// The parts' dense matrices stacked by rows, when every part is a plain bf16 or f16 matrix of
+/// one dtype (f32 matrices stay apart: the CPU's tests hold them to the unstacked bits), with
+/// their biases stacked alike (a part without one adds zeros).
+fn stack_dense(parts: &mut [Linear]) -> Result<Option<(Stacked, Vec<usize>)>> {
+    let dense: Option<Vec<&Tensor>> = parts.iter().map(Linear::plain_dense).collect();
+    let Some(dense) = dense else {
+        return Ok(None);
+    };
+    let dtype = dense[0].dtype();
+    if !matches!(dtype, DType::BF16 | DType::F16) || dense.iter().any(|w| w.dtype() != dtype) {
+        return Ok(None);
+    }
+    let widths: Vec<usize> = dense
+        .iter()
+        .map(|w| w.dim(0))
+        .collect::<candle_core::Result<_>>()?;
+    let bias = match parts.iter().any(|p| p.bias().is_some()) {
+        true => {
+            let device = dense[0].device().clone();
+            let biases = parts
+                .iter()
+                .zip(&widths)
+                .map(|(p, &w)| match p.bias() {
+                    Some(b) => b.to_dtype(dtype),
+                    None => Tensor::zeros(w, dtype, &device),
+                })
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            Some(Tensor::cat(&biases, 0)?)
+        }
+        false => None,
+    };
+    let weight = Tensor::cat(&dense, 0)?;
+    parts.iter_mut().for_each(|p| drop(p.take_dense()));
+    Ok(Some((Stacked::Dense { weight, bias }, widths)))
 }
 
 impl FusedLinear {
@@ -53,8 +95,14 @@ impl FusedLinear {
     }
 
     pub fn new(mut parts: Vec<Linear>) -> Result<Self> {
+        let dense = match parts.len() < 2 {
+            true => None,
+            false => stack_dense(&mut parts)?,
+        };
         let stacked = if parts.len() < 2 {
             None
+        } else if dense.is_some() {
+            dense
         } else if parts.iter().all(Linear::has_q8) {
             let q8: Vec<Arc<Q8Matrix>> = parts.iter_mut().filter_map(Linear::take_q8).collect();
             let widths = q8.iter().map(|m| m.rows()).collect();
@@ -104,6 +152,20 @@ impl FusedLinear {
         let y = match stacked {
             Stacked::Q8(m) => q8_matmul(x, m)?,
             Stacked::KQuant(m) => kquant_matmul(x, m)?,
+            Stacked::Dense { .. } => {
+                let y = self.forward_stacked(x)?.ok_or_else(|| {
+                    crate::ModelError::Invalid("a dense stack without its product".into())
+                })?;
+                // The stacked biases are already in; each part's output is its columns.
+                let y = y.to_dtype(x.dtype())?;
+                let mut start = 0;
+                let mut outputs = Vec::with_capacity(widths.len());
+                for &width in widths {
+                    outputs.push(y.narrow(1, start, width)?.contiguous()?);
+                    start += width;
+                }
+                return Ok(outputs);
+            }
         };
         let mut outputs = Vec::with_capacity(widths.len());
         let mut start = 0;
@@ -116,6 +178,30 @@ impl FusedLinear {
             start += width;
         }
         Ok(outputs)
+    }
+}
+
+impl FusedLinear {
+    /// The dtype of the stacked dense matrix, when the parts were stacked as one (bf16 or f16).
+    pub fn dense_dtype(&self) -> Option<DType> {
+        match &self.stacked {
+            Some((Stacked::Dense { weight, .. }, _)) => Some(weight.dtype()),
+            _ => None,
+        }
+    }
+
+    /// One GEMM over the stacked dense matrix, biases added, left in the matrix's dtype:
+    /// `[rows, Σ out_i]`, each row the parts' outputs side by side. `None` unless the parts were
+    /// stacked as a dense matrix ([`Self::dense_dtype`]).
+    pub fn forward_stacked(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let Some((Stacked::Dense { weight, bias }, _)) = &self.stacked else {
+            return Ok(None);
+        };
+        let y = x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?;
+        Ok(Some(match bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        }))
     }
 }
 

@@ -135,6 +135,23 @@ impl Linear {
         self.dense.is_some()
     }
 
+    /// The dense matrix of a layer that has nothing else (no quantized blocks): what a stack of
+    /// bf16 or f16 matrices is made from.
+    pub(crate) fn plain_dense(&self) -> Option<&Tensor> {
+        let quantized = self.q8.is_some() || self.kquant.is_some() || self.quantized.is_some();
+        self.dense.as_ref().filter(|_| !quantized)
+    }
+
+    /// The dtype of a plain dense matrix (no quantized blocks beside it).
+    pub(crate) fn dense_dtype(&self) -> Option<DType> {
+        self.plain_dense().map(Tensor::dtype)
+    }
+
+    /// Hands over the dense matrix (to a `FusedLinear` that stacks it).
+    pub(crate) fn take_dense(&mut self) -> Option<Tensor> {
+        self.dense.take()
+    }
+
     pub(crate) fn bias(&self) -> Option<&Tensor> {
         self.bias.as_ref()
     }
@@ -217,6 +234,26 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
+    }
+
+    /// The norm of f32 `x` in `dtype` (the next GEMM's input), one kernel.
+    pub fn forward_to(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        Ok(triage_ops::rms_norm::rms_norm_to(
+            x,
+            &self.weight,
+            self.eps,
+            dtype,
+        )?)
+    }
+
+    /// `residual += delta` in place, then the norm of it in `delta`'s dtype, one kernel.
+    pub fn add_forward(&self, residual: &Tensor, delta: &Tensor) -> Result<Tensor> {
+        Ok(triage_ops::rms_norm::add_rms_norm(
+            residual,
+            delta,
+            &self.weight,
+            self.eps,
+        )?)
     }
 }
 
@@ -320,6 +357,16 @@ pub struct RopeAt {
 }
 
 impl RopeAt {
+    /// The tables in `dtype` (what rotating activations of that dtype takes), converted once
+    /// for the pass.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            cos: self.cos.to_dtype(dtype)?,
+            sin: self.sin.to_dtype(dtype)?,
+            style: self.style,
+        })
+    }
+
     /// Rotate `x`: `[1, heads, n, head_dim]`, row `i` at the pass's `i`-th position.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;

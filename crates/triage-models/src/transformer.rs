@@ -26,6 +26,19 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
+/// The dtype every layer's stacked QKV and gate/up share, when both are stacked dense bf16 or
+/// f16 matrices and the output and down projections are plain matrices of that dtype.
+fn fused_activations(layers: &[DecoderLayer]) -> Option<DType> {
+    let dtype = layers.first()?.qkv.dense_dtype()?;
+    let same = |l: &DecoderLayer| {
+        l.qkv.dense_dtype() == Some(dtype)
+            && l.mlp.gate_up.dense_dtype() == Some(dtype)
+            && l.o.dense_dtype() == Some(dtype)
+            && l.mlp.down.dense_dtype() == Some(dtype)
+    };
+    layers.iter().all(same).then_some(dtype)
+}
+
 /// One forward pass's per-token inputs, on the model's device.
 #[derive(Debug, Clone)]
 pub struct ForwardInputs {
@@ -47,6 +60,9 @@ pub struct Transformer {
     lm_head: Linear,
     rope: RotaryEmbedding,
     device: Device,
+    /// The activations' dtype between the GEMMs when every layer's matrices are plain bf16 or
+    /// f16 (the GPU's layout): the pass then runs `forward_fused`. `None`: f32 activations.
+    activations: Option<DType>,
 }
 
 /// How weights are laid out in memory.
@@ -194,7 +210,9 @@ impl Transformer {
             dev,
         )?;
         Self::check_shapes(&config, &embed, &layers)?;
+        let activations = fused_activations(&layers);
         Ok(Self {
+            activations,
             config,
             embed,
             layers,
@@ -298,6 +316,12 @@ impl Transformer {
         })
     }
 
+    /// The activations' dtype between the GEMMs when the pass runs fused (every layer's
+    /// matrices plain bf16 or f16: the GPU's layout); `None` when they are f32.
+    pub fn activations(&self) -> Option<DType> {
+        self.activations
+    }
+
     /// The dtype of [`Self::forward_inputs`]' logits: the LM head's (f32 on the CPU; bf16 for a
     /// dense bf16 head on a GPU, which halves what the logits reduction reads).
     pub fn logits_dtype(&self) -> DType {
@@ -362,6 +386,9 @@ impl Transformer {
             })
         };
         let rope = self.rope.at(&inputs.positions)?;
+        if let Some(dtype) = self.activations {
+            return self.forward_fused(inputs, hidden_layers, attn, &rope.to_dtype(dtype)?, dtype);
+        }
         let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
         let mut x = self.embed.forward(&inputs.token_ids)?;
         for (idx, layer) in self.layers.iter().enumerate() {
@@ -378,6 +405,96 @@ impl Transformer {
         // Every asked layer was checked to exist, so each slot was filled in the loop.
         let hidden = hidden.into_iter().flatten().collect();
         Ok((self.lm_head.forward_in_weight_dtype(&x)?, hidden))
+    }
+
+    /// The pass with bf16 or f16 activations between the GEMMs (`Self::activations`): per
+    /// layer one GEMM for Q, K and V, rope, the paged cache write and attention, one GEMM for
+    /// the output projection, the residual add fused into the next norm, one GEMM for gate and
+    /// up, `silu_mul`, one GEMM down. The residual stream stays f32, updated in place.
+    fn forward_fused(
+        &self,
+        inputs: &ForwardInputs,
+        hidden_layers: &[usize],
+        attn: &mut dyn AttentionBackend,
+        rope: &RopeAt,
+        dtype: DType,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let n = inputs.token_ids.dim(0)?;
+        let select = |x: &Tensor| -> Result<Tensor> {
+            Ok(match &inputs.logits_rows {
+                Some(rows) => x.index_select(rows, 0)?,
+                None => x.clone(),
+            })
+        };
+        let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
+        // A fresh tensor the norms update in place: nothing else holds its storage.
+        let x = self.embed.forward(&inputs.token_ids)?.copy()?;
+        let first = self
+            .layers
+            .first()
+            .ok_or_else(|| ModelError::Invalid("no layers".into()))?;
+        let mut h = first.attn_norm.forward_to(&x, dtype)?;
+        for (idx, layer) in self.layers.iter().enumerate() {
+            let attn_out = self.attention_fused(layer, idx, &h, rope, n, attn)?;
+            let o = layer.o.forward_in_weight_dtype(&attn_out)?;
+            h = layer.ffn_norm.add_forward(&x, &o)?;
+            let down = self.mlp_fused(layer, &h)?;
+            let next_norm = match self.layers.get(idx + 1) {
+                Some(next) => &next.attn_norm,
+                None => &self.norm,
+            };
+            h = next_norm.add_forward(&x, &down)?;
+            for (slot, _) in hidden_layers.iter().enumerate().filter(|(_, &l)| l == idx) {
+                // A copy: the residual changes under the next layer's norm.
+                hidden[slot] = Some(select(&x)?.copy()?);
+            }
+        }
+        let hidden = hidden.into_iter().flatten().collect();
+        let h = select(&h)?.contiguous()?;
+        Ok((self.lm_head.forward_in_weight_dtype(&h)?, hidden))
+    }
+
+    /// Q, K and V from one stacked GEMM in the activations' dtype, rotated, through `attn`.
+    fn attention_fused(
+        &self,
+        layer: &DecoderLayer,
+        layer_idx: usize,
+        h: &Tensor,
+        rope: &RopeAt,
+        n: usize,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let qkv = layer
+            .qkv
+            .forward_stacked(h)?
+            .ok_or_else(|| ModelError::Invalid("a fused layer without a stacked QKV".into()))?;
+        let (q_width, kv_width) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let heads = |start: usize, width: usize, num: usize| -> Result<Tensor> {
+            // [n, num*d] columns of the stacked product -> [1, num, n, d]
+            Ok(qkv
+                .narrow(1, start, width)?
+                .reshape((n, num, c.head_dim))?
+                .transpose(0, 1)?
+                .unsqueeze(0)?
+                .contiguous()?)
+        };
+        let q = rope.apply(&heads(0, q_width, c.num_heads)?)?.squeeze(0)?;
+        let k = rope
+            .apply(&heads(q_width, kv_width, c.num_kv_heads)?)?
+            .squeeze(0)?;
+        let v = heads(q_width + kv_width, kv_width, c.num_kv_heads)?.squeeze(0)?;
+        attn.attend(layer_idx, &q, &k, &v)
+    }
+
+    /// Gate and up from one stacked GEMM, `silu_mul`, then down: all in the activations' dtype.
+    fn mlp_fused(&self, layer: &DecoderLayer, h: &Tensor) -> Result<Tensor> {
+        let gate_up =
+            layer.mlp.gate_up.forward_stacked(h)?.ok_or_else(|| {
+                ModelError::Invalid("a fused layer without a stacked gate/up".into())
+            })?;
+        let act = triage_ops::silu_mul::silu_mul(&gate_up)?;
+        layer.mlp.down.forward_in_weight_dtype(&act)
     }
 
     fn attention(

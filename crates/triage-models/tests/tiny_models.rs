@@ -196,6 +196,30 @@ fn bf16_dense_layout_tracks_f32() {
     );
     assert!(diff > 0.0, "the bf16 layout ran in f32");
     assert_argmax_mostly_agrees(&a, &b);
+    // It runs fused (stacked GEMMs, norms with the residual add, silu_mul), and token by token
+    // through the cache it gives its own full pass's logits to bf16 rounding, with the hidden
+    // states of its layers beside them.
+    assert_eq!(
+        (f32_layout.activations(), bf16.activations()),
+        (None, Some(DType::BF16))
+    );
+    let mut cache = sequence(&bf16, DType::BF16);
+    let mut stepped = Vec::new();
+    for (i, &t) in tokens.iter().enumerate() {
+        let (logits, hidden) = bf16
+            .forward_with_hidden(&[t], &[i as u32], &[0], &[0, 1], &mut cache)
+            .unwrap();
+        assert_eq!(hidden.len(), 2);
+        assert_eq!(hidden[1].dims(), [1, bf16.config().hidden_size]);
+        stepped.push(logits);
+    }
+    let stepped = Tensor::cat(&stepped, 0).unwrap();
+    let step_diff = max_abs_diff(&stepped, &b);
+    assert!(
+        step_diff < 0.02 * scale,
+        "stepped vs full: {step_diff} at scale {scale}"
+    );
+    assert_argmax_mostly_agrees(&stepped, &b);
 }
 
 #[test]

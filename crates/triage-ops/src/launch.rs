@@ -30,6 +30,10 @@ pub const ENTROPY_WINDOW_THREADS: u32 = 64;
 pub const RESHAPE_AND_CACHE_THREADS: u32 = 128;
 /// Block size of `paged_attention` and its merge kernel.
 pub const PAGED_ATTENTION_THREADS: u32 = 128;
+/// Block size of `add_rms_norm` (one block per row: 6 elements a thread on a 1,536-wide row).
+pub const RMS_NORM_THREADS: u32 = 256;
+/// Block size of `silu_mul` (one column a thread).
+pub const SILU_MUL_THREADS: u32 = 256;
 /// Keys one `paged_attention` block scores: longer contexts are split into partitions of this
 /// many keys whose partial results `paged_attention_merge` combines by log-sum-exp.
 pub const PARTITION_SIZE: u32 = 512;
@@ -130,6 +134,26 @@ pub fn logits_reduce_merge(num_rows: usize, k: usize) -> Result<LaunchGeometry> 
 /// A top-k list of `k` (value, id) pairs per thread.
 fn top_k_shared_bytes(threads: u32, k: usize) -> u32 {
     (threads as usize * k * (std::mem::size_of::<f32>() + std::mem::size_of::<u32>())) as u32
+}
+
+/// `add_rms_norm_<dtype>`: one block per row.
+pub fn rms_norm(num_rows: usize, threads: u32) -> Result<LaunchGeometry> {
+    LaunchGeometry::new((grid_dim(num_rows, MAX_GRID_X, "rows")?, 1, 1), threads, 0)
+}
+
+/// `silu_mul_<dtype>`: grid (rows, chunks of `threads` columns of the `inter` outputs).
+pub fn silu_mul(num_rows: usize, inter: usize, threads: u32) -> Result<LaunchGeometry> {
+    check_threads(threads)?;
+    let chunks = inter.div_ceil(threads as usize);
+    LaunchGeometry::new(
+        (
+            grid_dim(num_rows, MAX_GRID_X, "rows")?,
+            grid_dim(chunks, MAX_GRID_YZ, "column chunks")?,
+            1,
+        ),
+        threads,
+        0,
+    )
 }
 
 /// `entropy_window_f32`: one thread per sequence.

@@ -7,6 +7,7 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 pub mod cuda;
+mod elem;
 pub mod entropy_window;
 pub mod error;
 pub mod flash_attention;
@@ -18,6 +19,8 @@ pub mod logits_reduce;
 pub mod paged_attention;
 mod pool;
 pub mod q8_matmul;
+pub mod rms_norm;
+pub mod silu_mul;
 pub mod step_graph;
 
 pub use error::{OpsError, Result};

@@ -9,3 +9,5 @@ mod inputs;
 mod logits_reduce;
 mod paged_attention;
 mod reshape_and_cache;
+mod rms_norm;
+mod silu_mul;
