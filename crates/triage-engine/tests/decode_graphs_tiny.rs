@@ -51,13 +51,29 @@ fn config(cuda_graphs: bool) -> EngineConfig {
     }
 }
 
+/// [`config`] with the KV cache in `kv_dtype`.
+fn config_kv(cuda_graphs: bool, kv_dtype: candle_core::DType) -> EngineConfig {
+    EngineConfig {
+        kv_dtype: Some(kv_dtype),
+        ..config(cuda_graphs)
+    }
+}
+
 /// Every request's tokens, run concurrently; and the buckets the engine captured.
 fn run(
     model: &Arc<Model>,
     cuda_graphs: bool,
     requests: &[GenerateRequest],
 ) -> (Vec<Vec<TokenOutput>>, usize) {
-    let mut engine = LlmEngine::new(model.clone(), config(cuda_graphs)).unwrap();
+    run_with(model, config(cuda_graphs), requests)
+}
+
+fn run_with(
+    model: &Arc<Model>,
+    config: EngineConfig,
+    requests: &[GenerateRequest],
+) -> (Vec<Vec<TokenOutput>>, usize) {
+    let mut engine = LlmEngine::new(model.clone(), config).unwrap();
     let rxs: Vec<_> = requests
         .iter()
         .map(|r| engine.add_request(r).unwrap().1)
@@ -197,6 +213,19 @@ fn a_bf16_lm_head_keeps_its_logits_bf16_graphed_or_eager() {
         logits.iter().all(|&x| x <= logits[first]),
         "token {first} is not the argmax"
     );
+    // A bf16 cache takes the fused bias/rope/cache-write kernel's CPU form, eager or graphed,
+    // and tracks the f16 cache's split ops to the caches' rounding.
+    let bf16_kv = candle_core::DType::BF16;
+    let (fused, _) = run_with(&model, config_kv(false, bf16_kv), &requests);
+    let (fused_graphed, _) = run_with(&model, config_kv(true, bf16_kv), &requests);
+    assert_same(&fused_graphed, &fused);
+    for (f, e) in fused.iter().zip(&eager) {
+        assert_eq!(
+            f[0].id, e[0].id,
+            "the first token comes before any cache read"
+        );
+        assert!((f[0].logprob - e[0].logprob).abs() < 0.05);
+    }
     let mut drawn = request(1);
     drawn.params.temperature = 0.8;
     drawn.params.seed = Some(7);

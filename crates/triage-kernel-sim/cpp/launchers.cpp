@@ -7,6 +7,7 @@
 #include "paged_attention.cu"
 #include "reshape_and_cache.cu"
 #include "rms_norm.cu"
+#include "rope_and_cache.cu"
 #include "silu_mul.cu"
 
 /// triage_ops::launch::LaunchGeometry, as the Rust side passes it.
@@ -112,3 +113,32 @@ SILU_MUL_LAUNCHER(silu_mul_bf16, __nv_bfloat16)
 ADD_RMS_NORM_LAUNCHER(add_rms_norm_f32, float)
 ADD_RMS_NORM_LAUNCHER(add_rms_norm_f16, __half)
 ADD_RMS_NORM_LAUNCHER(add_rms_norm_bf16, __nv_bfloat16)
+
+/// Buffers and sizes of one rope-and-cache launch (the Rust side's `SimRopeAndCache`).
+struct SimRopeAndCache {
+    const void* qkv;
+    const void* bias;
+    const float* cos;
+    const float* sin;
+    void* q_out;
+    void* k_cache;
+    void* v_cache;
+    const unsigned* slots;
+    int num_heads;
+    int kv_heads;
+    int head_dim;
+    int neox;
+};
+
+#define ROPE_AND_CACHE_LAUNCHER(NAME, T)                                                                  \
+    extern "C" int sim_##NAME(const SimGeometry* g, const SimRopeAndCache* a) {                          \
+        const SimRopeAndCache x = *a;                                                                     \
+        return run(g, [=] {                                                                               \
+            NAME(static_cast<const T*>(x.qkv), static_cast<const T*>(x.bias), x.cos, x.sin,              \
+                 static_cast<T*>(x.q_out), static_cast<T*>(x.k_cache), static_cast<T*>(x.v_cache), x.slots, \
+                 x.num_heads, x.kv_heads, x.head_dim, x.neox);                                            \
+        });                                                                                               \
+    }
+ROPE_AND_CACHE_LAUNCHER(rope_and_cache_f32, float)
+ROPE_AND_CACHE_LAUNCHER(rope_and_cache_f16, __half)
+ROPE_AND_CACHE_LAUNCHER(rope_and_cache_bf16, __nv_bfloat16)

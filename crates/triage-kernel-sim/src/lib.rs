@@ -90,6 +90,7 @@ type ReshapeAndCacheFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 type PagedAttentionFn = unsafe extern "C" fn(*const SimGeometry, *const SimPagedAttention) -> c_int;
+type RopeAndCacheFn = unsafe extern "C" fn(*const SimGeometry, *const SimRopeAndCache) -> c_int;
 type SiluMulFn =
     unsafe extern "C" fn(*const SimGeometry, *const c_void, *mut c_void, c_int) -> c_int;
 type AddRmsNormFn = unsafe extern "C" fn(
@@ -224,6 +225,9 @@ extern "C" {
         hidden: c_int,
         eps: f32,
     ) -> c_int;
+    fn sim_rope_and_cache_f32(g: *const SimGeometry, a: *const SimRopeAndCache) -> c_int;
+    fn sim_rope_and_cache_f16(g: *const SimGeometry, a: *const SimRopeAndCache) -> c_int;
+    fn sim_rope_and_cache_bf16(g: *const SimGeometry, a: *const SimRopeAndCache) -> c_int;
     fn sim_paged_attention_merge_f32(
         g: *const SimGeometry,
         out: *mut f32,
@@ -259,6 +263,8 @@ mod launchers {
         const SILU_MUL: SiluMulFn;
         /// `add_rms_norm_<dtype>`.
         const ADD_RMS_NORM: AddRmsNormFn;
+        /// `rope_and_cache_<dtype>`.
+        const ROPE_AND_CACHE: RopeAndCacheFn;
     }
 
     impl Launchers for f32 {
@@ -267,6 +273,7 @@ mod launchers {
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f32;
         const SILU_MUL: SiluMulFn = sim_silu_mul_f32;
         const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_f32;
+        const ROPE_AND_CACHE: RopeAndCacheFn = sim_rope_and_cache_f32;
     }
 
     impl Launchers for f16 {
@@ -275,6 +282,7 @@ mod launchers {
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_f16;
         const SILU_MUL: SiluMulFn = sim_silu_mul_f16;
         const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_f16;
+        const ROPE_AND_CACHE: RopeAndCacheFn = sim_rope_and_cache_f16;
     }
 
     impl Launchers for bf16 {
@@ -283,6 +291,7 @@ mod launchers {
         const PAGED_ATTENTION: PagedAttentionFn = sim_paged_attention_bf16;
         const SILU_MUL: SiluMulFn = sim_silu_mul_bf16;
         const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_bf16;
+        const ROPE_AND_CACHE: RopeAndCacheFn = sim_rope_and_cache_bf16;
     }
 }
 
@@ -545,6 +554,83 @@ pub fn add_rms_norm<T: Elem>(
             eps,
         )
     })
+}
+
+/// `rope_and_cache`'s arguments, as `launchers.cpp`'s `SimRopeAndCache`.
+#[repr(C)]
+pub struct SimRopeAndCache {
+    qkv: *const c_void,
+    bias: *const c_void,
+    cos: *const f32,
+    sin: *const f32,
+    q_out: *mut c_void,
+    k_cache: *mut c_void,
+    v_cache: *mut c_void,
+    slots: *const u32,
+    num_heads: c_int,
+    kv_heads: c_int,
+    head_dim: c_int,
+    neox: c_int,
+}
+
+/// The buffers of one `rope_and_cache_<dtype>` launch over `rows` rows (grid x).
+pub struct RopeAndCacheBuffers<'a, T> {
+    /// `[rows, (num_heads + 2 · kv_heads) · head_dim]`.
+    pub qkv: &'a [T],
+    /// `[(num_heads + 2 · kv_heads) · head_dim]`, or none (null).
+    pub bias: Option<&'a [T]>,
+    /// `[rows, head_dim / 2]` each.
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
+    /// `[rows, num_heads, head_dim]`.
+    pub q_out: &'a mut [T],
+    /// `[num_slots, kv_heads, head_dim]` each.
+    pub k_cache: &'a mut [T],
+    pub v_cache: &'a mut [T],
+    /// `[rows]`: a slot or `PADDING_SLOT`.
+    pub slots: &'a [u32],
+}
+
+/// `rope_and_cache_<dtype>` with the shipped geometry for `shape`.
+pub fn rope_and_cache<T: Elem>(
+    shape: triage_ops::rope_and_cache::QkvShape,
+    b: RopeAndCacheBuffers<'_, T>,
+) -> Result<()> {
+    let heads = shape.num_heads + 2 * shape.kv_heads;
+    let (d, rows) = (shape.head_dim, b.slots.len());
+    let row = shape.kv_heads * d;
+    check(
+        d.is_multiple_of(2)
+            && b.qkv.len() == rows * heads * d
+            && b.bias.is_none_or(|x| x.len() == heads * d)
+            && b.cos.len() == rows * d / 2
+            && b.sin.len() == rows * d / 2
+            && b.q_out.len() == rows * shape.num_heads * d
+            && b.k_cache.len() == b.v_cache.len()
+            && b.k_cache.len().is_multiple_of(row.max(1)),
+        || format!("{rows} rows for {shape:?}: {} projections", b.qkv.len()),
+    )?;
+    check_slots(b.slots, b.k_cache.len() / row.max(1)).map_err(|e| SimError(e.to_string()))?;
+    let g = launch::rope_and_cache(rows, heads, d).map_err(|e| SimError(e.to_string()))?;
+    let geometry = SimGeometry::from(&g);
+    let args = SimRopeAndCache {
+        qkv: b.qkv.as_ptr().cast(),
+        bias: b.bias.map_or(std::ptr::null(), |x| x.as_ptr().cast()),
+        cos: b.cos.as_ptr(),
+        sin: b.sin.as_ptr(),
+        q_out: b.q_out.as_mut_ptr().cast(),
+        k_cache: b.k_cache.as_mut_ptr().cast(),
+        v_cache: b.v_cache.as_mut_ptr().cast(),
+        slots: b.slots.as_ptr(),
+        num_heads: c_int_of(shape.num_heads)?,
+        kv_heads: c_int_of(shape.kv_heads)?,
+        head_dim: c_int_of(d)?,
+        neox: c_int::from(shape.neox),
+    };
+    #[allow(unsafe_code)]
+    // SAFETY: the buffers have the lengths the kernel indexes (checked above; slots checked
+    // against the caches) and outlive the synchronous launch.
+    run(|| unsafe { T::ROPE_AND_CACHE(&geometry, &args) })
 }
 
 /// Shapes of one paged-attention call.

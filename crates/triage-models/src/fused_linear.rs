@@ -194,14 +194,29 @@ impl FusedLinear {
     /// `[rows, Σ out_i]`, each row the parts' outputs side by side. `None` unless the parts were
     /// stacked as a dense matrix ([`Self::dense_dtype`]).
     pub fn forward_stacked(&self, x: &Tensor) -> Result<Option<Tensor>> {
-        let Some((Stacked::Dense { weight, bias }, _)) = &self.stacked else {
+        let Some(y) = self.stacked_product(x)? else {
             return Ok(None);
         };
-        let y = x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?;
-        Ok(Some(match bias {
+        Ok(Some(match self.stacked_bias() {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         }))
+    }
+
+    /// [`Self::forward_stacked`] without the biases (for a kernel that adds them itself).
+    pub fn stacked_product(&self, x: &Tensor) -> Result<Option<Tensor>> {
+        let Some((Stacked::Dense { weight, .. }, _)) = &self.stacked else {
+            return Ok(None);
+        };
+        Ok(Some(x.to_dtype(weight.dtype())?.matmul(&weight.t()?)?))
+    }
+
+    /// The stacked dense matrix's biases, side by side in its dtype (zeros for a part without).
+    pub fn stacked_bias(&self) -> Option<&Tensor> {
+        match &self.stacked {
+            Some((Stacked::Dense { bias, .. }, _)) => bias.as_ref(),
+            _ => None,
+        }
     }
 }
 

@@ -367,6 +367,20 @@ impl RopeAt {
         })
     }
 
+    /// The tables, `[n, head_dim / 2]` each.
+    pub fn cos(&self) -> &Tensor {
+        &self.cos
+    }
+
+    pub fn sin(&self) -> &Tensor {
+        &self.sin
+    }
+
+    /// Whether rope pairs element `i` with `i + head_dim / 2` (else `2i` with `2i + 1`).
+    pub fn is_neox(&self) -> bool {
+        self.style == RopeStyle::Neox
+    }
+
     /// Rotate `x`: `[1, heads, n, head_dim]`, row `i` at the pass's `i`-th position.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;

@@ -9,9 +9,11 @@ use triage_ops::paged_attention::{
     paged_attention_planned, paged_attention_rows, reshape_and_cache_mapped, slot_of, DeviceRows,
     PagedAttentionMetadata, PagedAttentionPlan, SlotMapping,
 };
+use triage_ops::rope_and_cache::{rope_and_cache, QkvShape, RopeInputs};
 
-use crate::attention::AttentionBackend;
+use crate::attention::{attend_split, AttentionBackend};
 use crate::config::ModelConfig;
+use crate::layers::RopeAt;
 use crate::Result;
 
 /// K and V blocks for every layer of one model. A clone shares the blocks (candle tensors share
@@ -77,6 +79,17 @@ impl PagedKvCache {
             dtype,
             device: device.clone(),
         })
+    }
+
+    /// Layer `layer_idx`'s K and V blocks.
+    fn layer(&self, layer_idx: usize) -> Result<(&Tensor, &Tensor)> {
+        match (self.k.get(layer_idx), self.v.get(layer_idx)) {
+            (Some(k), Some(v)) => Ok((k, v)),
+            _ => Err(crate::ModelError::Invalid(format!(
+                "layer {layer_idx} of a cache of {} layers",
+                self.k.len()
+            ))),
+        }
     }
 
     /// The dtype K and V are stored in.
@@ -281,6 +294,65 @@ impl AttentionBackend for PagedStep<'_> {
             |q, kc, vc| Ok(paged_attention_planned(q, kc, vc, plan)?),
         )
     }
+
+    fn attend_stacked(
+        &mut self,
+        layer_idx: usize,
+        qkv: &Tensor,
+        bias: Option<&Tensor>,
+        rope: &RopeAt,
+        shape: QkvShape,
+    ) -> Result<Tensor> {
+        let stacked = Stacked {
+            qkv,
+            bias,
+            rope,
+            shape,
+        };
+        let plan = &self.plan;
+        let fused = stacked.rope_into_cache(self.cache, layer_idx, &self.slots, |q, kc, vc| {
+            Ok(paged_attention_planned(q, kc, vc, plan)?)
+        })?;
+        match fused {
+            Some(out) => Ok(out),
+            None => attend_split(self, layer_idx, qkv, bias, rope, shape),
+        }
+    }
+}
+
+/// A layer's stacked projection with what rotates it.
+struct Stacked<'a> {
+    qkv: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    rope: &'a RopeAt,
+    shape: QkvShape,
+}
+
+impl Stacked<'_> {
+    /// Bias, rope and the cache write in one kernel, then `attend` over Q (`[n, heads, d]`) and
+    /// the layer's caches; `None` when the caches' dtype is not the projection's (the caller
+    /// then runs the ops one by one).
+    fn rope_into_cache(
+        &self,
+        cache: &PagedKvCache,
+        layer_idx: usize,
+        slots: &SlotMapping,
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    ) -> Result<Option<Tensor>> {
+        let (k_cache, v_cache) = cache.layer(layer_idx)?;
+        if k_cache.dtype() != self.qkv.dtype() {
+            return Ok(None);
+        }
+        let inputs = RopeInputs {
+            qkv: self.qkv,
+            bias: self.bias,
+            cos: self.rope.cos(),
+            sin: self.rope.sin(),
+        };
+        let q = rope_and_cache(inputs, k_cache, v_cache, slots, self.shape)?;
+        let (n, heads, d) = q.dims3()?;
+        Ok(Some(attend(&q, k_cache, v_cache)?.reshape((n, heads * d))?))
+    }
 }
 
 /// One layer's attention through the paged cache: `k` and `v` (`[kv_heads, n, d]`) written to
@@ -293,12 +365,7 @@ fn write_and_attend(
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
-    let (Some(k_cache), Some(v_cache)) = (cache.k.get(layer_idx), cache.v.get(layer_idx)) else {
-        return Err(crate::ModelError::Invalid(format!(
-            "layer {layer_idx} of a cache of {} layers",
-            cache.k.len()
-        )));
-    };
+    let (k_cache, v_cache) = cache.layer(layer_idx)?;
     reshape_and_cache_mapped(k_cache, &k.transpose(0, 1)?.contiguous()?, slots)?;
     reshape_and_cache_mapped(v_cache, &v.transpose(0, 1)?.contiguous()?, slots)?;
     let q = q.transpose(0, 1)?.contiguous()?; // [n, heads, d]
@@ -339,6 +406,30 @@ impl AttentionBackend for DeviceDecodeStep<'_> {
             (q, k, v),
             |q, kc, vc| Ok(paged_attention_rows(q, kc, vc, rows)?),
         )
+    }
+
+    fn attend_stacked(
+        &mut self,
+        layer_idx: usize,
+        qkv: &Tensor,
+        bias: Option<&Tensor>,
+        rope: &RopeAt,
+        shape: QkvShape,
+    ) -> Result<Tensor> {
+        let stacked = Stacked {
+            qkv,
+            bias,
+            rope,
+            shape,
+        };
+        let rows = self.rows;
+        let fused = stacked.rope_into_cache(self.cache, layer_idx, &self.slots, |q, kc, vc| {
+            Ok(paged_attention_rows(q, kc, vc, rows)?)
+        })?;
+        match fused {
+            Some(out) => Ok(out),
+            None => attend_split(self, layer_idx, qkv, bias, rope, shape),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! no cache policy.
 
 use candle_core::{DType, Device, Tensor};
+use triage_ops::rope_and_cache::QkvShape;
 use triage_ops::step_graph::upload_u32;
 
 use crate::attention::AttentionBackend;
@@ -387,7 +388,7 @@ impl Transformer {
         };
         let rope = self.rope.at(&inputs.positions)?;
         if let Some(dtype) = self.activations {
-            return self.forward_fused(inputs, hidden_layers, attn, &rope.to_dtype(dtype)?, dtype);
+            return self.forward_fused(inputs, hidden_layers, attn, &rope, dtype);
         }
         let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
         let mut x = self.embed.forward(&inputs.token_ids)?;
@@ -419,7 +420,6 @@ impl Transformer {
         rope: &RopeAt,
         dtype: DType,
     ) -> Result<(Tensor, Vec<Tensor>)> {
-        let n = inputs.token_ids.dim(0)?;
         let select = |x: &Tensor| -> Result<Tensor> {
             Ok(match &inputs.logits_rows {
                 Some(rows) => x.index_select(rows, 0)?,
@@ -435,7 +435,7 @@ impl Transformer {
             .ok_or_else(|| ModelError::Invalid("no layers".into()))?;
         let mut h = first.attn_norm.forward_to(&x, dtype)?;
         for (idx, layer) in self.layers.iter().enumerate() {
-            let attn_out = self.attention_fused(layer, idx, &h, rope, n, attn)?;
+            let attn_out = self.attention_fused(layer, idx, &h, rope, attn)?;
             let o = layer.o.forward_in_weight_dtype(&attn_out)?;
             h = layer.ffn_norm.add_forward(&x, &o)?;
             let down = self.mlp_fused(layer, &h)?;
@@ -454,37 +454,28 @@ impl Transformer {
         Ok((self.lm_head.forward_in_weight_dtype(&h)?, hidden))
     }
 
-    /// Q, K and V from one stacked GEMM in the activations' dtype, rotated, through `attn`.
+    /// Q, K and V from one stacked GEMM in the activations' dtype, then bias, rope, the cache
+    /// write and attention through `attn` (one kernel for the first three where it can).
     fn attention_fused(
         &self,
         layer: &DecoderLayer,
         layer_idx: usize,
         h: &Tensor,
         rope: &RopeAt,
-        n: usize,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
         let c = &self.config;
         let qkv = layer
             .qkv
-            .forward_stacked(h)?
+            .stacked_product(h)?
             .ok_or_else(|| ModelError::Invalid("a fused layer without a stacked QKV".into()))?;
-        let (q_width, kv_width) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let heads = |start: usize, width: usize, num: usize| -> Result<Tensor> {
-            // [n, num*d] columns of the stacked product -> [1, num, n, d]
-            Ok(qkv
-                .narrow(1, start, width)?
-                .reshape((n, num, c.head_dim))?
-                .transpose(0, 1)?
-                .unsqueeze(0)?
-                .contiguous()?)
+        let shape = QkvShape {
+            num_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            neox: rope.is_neox(),
         };
-        let q = rope.apply(&heads(0, q_width, c.num_heads)?)?.squeeze(0)?;
-        let k = rope
-            .apply(&heads(q_width, kv_width, c.num_kv_heads)?)?
-            .squeeze(0)?;
-        let v = heads(q_width + kv_width, kv_width, c.num_kv_heads)?.squeeze(0)?;
-        attn.attend(layer_idx, &q, &k, &v)
+        attn.attend_stacked(layer_idx, &qkv, layer.qkv.stacked_bias(), rope, shape)
     }
 
     /// Gate and up from one stacked GEMM, `silu_mul`, then down: all in the activations' dtype.

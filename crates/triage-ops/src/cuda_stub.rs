@@ -77,3 +77,14 @@ impl CapturedGraph {
         Err(OpsError::NotCompiledWithCuda)
     }
 }
+
+/// Needs the `cuda` feature.
+pub(crate) fn rope_and_cache_cuda(
+    _x: &crate::rope_and_cache::RopeInputs<'_>,
+    _k_cache: &Tensor,
+    _v_cache: &Tensor,
+    _slots: &crate::paged_attention::SlotMapping,
+    _shape: crate::rope_and_cache::QkvShape,
+) -> Result<Tensor> {
+    Err(OpsError::NotCompiledWithCuda)
+}

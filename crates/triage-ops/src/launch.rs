@@ -156,6 +156,25 @@ pub fn silu_mul(num_rows: usize, inter: usize, threads: u32) -> Result<LaunchGeo
     )
 }
 
+/// `rope_and_cache_<dtype>`: grid (rows, heads of the stacked projection), a thread per rotation
+/// pair (`head_dim / 2`, rounded up to whole warps).
+pub fn rope_and_cache(
+    num_rows: usize,
+    num_heads: usize,
+    head_dim: usize,
+) -> Result<LaunchGeometry> {
+    let threads = (head_dim / 2).div_ceil(WARP_SIZE as usize).max(1) * WARP_SIZE as usize;
+    LaunchGeometry::new(
+        (
+            grid_dim(num_rows, MAX_GRID_X, "rows")?,
+            grid_dim(num_heads, MAX_GRID_YZ, "heads")?,
+            1,
+        ),
+        u32::try_from(threads).unwrap_or(u32::MAX),
+        0,
+    )
+}
+
 /// `entropy_window_f32`: one thread per sequence.
 pub fn entropy_window(num_seqs: usize, threads: u32) -> Result<LaunchGeometry> {
     let blocks = num_seqs.div_ceil(threads.max(1) as usize);

@@ -20,6 +20,7 @@ pub mod paged_attention;
 mod pool;
 pub mod q8_matmul;
 pub mod rms_norm;
+pub mod rope_and_cache;
 pub mod silu_mul;
 pub mod step_graph;
 

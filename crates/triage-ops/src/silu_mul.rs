@@ -30,7 +30,7 @@ fn cpu_rows<T: Elem>(gate_up: &[T], inter: usize) -> Vec<T> {
 /// `[rows, 2 · inter]` → `(rows, inter)`, or an error for an odd width.
 fn check(dims: &[usize]) -> candle_core::Result<(usize, usize)> {
     match dims {
-        [rows, width] if width % 2 == 0 && *width > 0 => Ok((*rows, width / 2)),
+        [rows, width] if width.is_multiple_of(2) && *width > 0 => Ok((*rows, width / 2)),
         _ => candle_core::bail!("silu_mul: expected [rows, 2 · inter], got {dims:?}"),
     }
 }

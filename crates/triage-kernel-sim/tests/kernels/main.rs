@@ -10,4 +10,5 @@ mod logits_reduce;
 mod paged_attention;
 mod reshape_and_cache;
 mod rms_norm;
+mod rope_and_cache;
 mod silu_mul;
