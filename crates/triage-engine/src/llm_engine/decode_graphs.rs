@@ -161,18 +161,18 @@ impl DecodeGraphs {
             max_blocks_per_seq: self.max_blocks_per_seq,
         };
         let data = layout.fill(ids, seqs, self.cache.block_size());
-        let graph = match self.captured.remove(&bucket) {
-            Some(mut graph) => {
-                graph.buffer.write(&data)?;
-                graph
+        match self.captured.get_mut(&bucket) {
+            Some(graph) => graph.buffer.write(&data)?,
+            None => {
+                let graph = self.capture(layout, &data)?;
+                self.captured.insert(bucket, graph);
             }
-            None => self.capture(layout, &data)?,
-        };
-        let replayed = graph.graph.replay();
-        let logits = graph.logits.narrow(0, 0, seqs.len());
-        self.captured.insert(bucket, graph);
-        replayed?;
-        Ok(logits?)
+        }
+        let graph = self.captured.get(&bucket).ok_or_else(|| {
+            EngineError::Invalid(format!("decode bucket {bucket} was not captured"))
+        })?;
+        graph.graph.replay()?;
+        Ok(graph.logits.narrow(0, 0, seqs.len())?)
     }
 
     /// Host checks a replay cannot make: token ids and positions for the model, block ids,
