@@ -283,16 +283,23 @@ impl<'a> PagedStep<'a> {
     }
 }
 
+impl PagedAttend for PagedStep<'_> {
+    fn cache(&self) -> &PagedKvCache {
+        self.cache
+    }
+
+    fn slots(&self) -> &SlotMapping {
+        &self.slots
+    }
+
+    fn attention(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<Tensor> {
+        Ok(paged_attention_planned(q, k_cache, v_cache, &self.plan)?)
+    }
+}
+
 impl AttentionBackend for PagedStep<'_> {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let plan = &self.plan;
-        write_and_attend(
-            self.cache,
-            layer_idx,
-            &self.slots,
-            (q, k, v),
-            |q, kc, vc| Ok(paged_attention_planned(q, kc, vc, plan)?),
-        )
+        attend_paged(self, layer_idx, (q, k, v))
     }
 
     fn attend_stacked(
@@ -309,13 +316,49 @@ impl AttentionBackend for PagedStep<'_> {
             rope,
             shape,
         };
-        let plan = &self.plan;
-        let fused = stacked.rope_into_cache(self.cache, layer_idx, &self.slots, |q, kc, vc| {
-            Ok(paged_attention_planned(q, kc, vc, plan)?)
-        })?;
-        match fused {
-            Some(out) => Ok(out),
-            None => attend_split(self, layer_idx, qkv, bias, rope, shape),
+        attend_stacked_paged(self, layer_idx, stacked)
+    }
+}
+
+/// What tells the paged backends apart: the cache and slots a step writes, and how Q attends.
+trait PagedAttend {
+    fn cache(&self) -> &PagedKvCache;
+    fn slots(&self) -> &SlotMapping;
+    /// Attention of `q` (`[n, heads, d]`) over one layer's caches, as `[n, heads, d]` f32.
+    fn attention(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<Tensor>;
+}
+
+/// [`AttentionBackend::attend`] for a paged backend.
+fn attend_paged<B: PagedAttend>(
+    b: &B,
+    layer_idx: usize,
+    qkv: (&Tensor, &Tensor, &Tensor),
+) -> Result<Tensor> {
+    write_and_attend(b.cache(), layer_idx, b.slots(), qkv, |q, kc, vc| {
+        b.attention(q, kc, vc)
+    })
+}
+
+/// [`AttentionBackend::attend_stacked`] for a paged backend: the fused kernel where the cache
+/// shares the projection's dtype, the ops one by one otherwise.
+fn attend_stacked_paged<B: PagedAttend + AttentionBackend>(
+    b: &mut B,
+    layer_idx: usize,
+    stacked: Stacked<'_>,
+) -> Result<Tensor> {
+    let fused = stacked.rope_into_cache(b.cache(), layer_idx, b.slots(), |q, kc, vc| {
+        b.attention(q, kc, vc)
+    })?;
+    match fused {
+        Some(out) => Ok(out),
+        None => {
+            let Stacked {
+                qkv,
+                bias,
+                rope,
+                shape,
+            } = stacked;
+            attend_split(b, layer_idx, qkv, bias, rope, shape)
         }
     }
 }
@@ -396,16 +439,23 @@ impl<'a> DeviceDecodeStep<'a> {
     }
 }
 
+impl PagedAttend for DeviceDecodeStep<'_> {
+    fn cache(&self) -> &PagedKvCache {
+        self.cache
+    }
+
+    fn slots(&self) -> &SlotMapping {
+        &self.slots
+    }
+
+    fn attention(&self, q: &Tensor, k_cache: &Tensor, v_cache: &Tensor) -> Result<Tensor> {
+        Ok(paged_attention_rows(q, k_cache, v_cache, self.rows)?)
+    }
+}
+
 impl AttentionBackend for DeviceDecodeStep<'_> {
     fn attend(&mut self, layer_idx: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let rows = self.rows;
-        write_and_attend(
-            self.cache,
-            layer_idx,
-            &self.slots,
-            (q, k, v),
-            |q, kc, vc| Ok(paged_attention_rows(q, kc, vc, rows)?),
-        )
+        attend_paged(self, layer_idx, (q, k, v))
     }
 
     fn attend_stacked(
@@ -422,14 +472,7 @@ impl AttentionBackend for DeviceDecodeStep<'_> {
             rope,
             shape,
         };
-        let rows = self.rows;
-        let fused = stacked.rope_into_cache(self.cache, layer_idx, &self.slots, |q, kc, vc| {
-            Ok(paged_attention_rows(q, kc, vc, rows)?)
-        })?;
-        match fused {
-            Some(out) => Ok(out),
-            None => attend_split(self, layer_idx, qkv, bias, rope, shape),
-        }
+        attend_stacked_paged(self, layer_idx, stacked)
     }
 }
 
