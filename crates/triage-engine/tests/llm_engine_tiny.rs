@@ -401,6 +401,43 @@ fn a_persisted_prefix_survives_a_restart_and_gives_the_same_output() {
     assert_eq!(second.scheduler().kv().pool().num_used(), 0);
 }
 
+/// A prefix persisted by a pool of 4-token blocks is a miss, not an error, for a pool of
+/// 8-token blocks on the same weights (a GPU pool may use larger blocks than the CPU's): it is
+/// recomputed there, saved under its own block size, and found on disk the next time.
+#[test]
+fn a_prefix_persisted_with_another_block_size_is_a_miss() {
+    let (_dir, model) = tiny();
+    let store = tempfile::tempdir().unwrap();
+    let (corpus, question) = corpus_and_question(&model);
+    let expected = alone(&model, &question).0;
+    let mut small = LlmEngine::new(model.clone(), config(64)).unwrap();
+    let (_, source) = small.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert!(matches!(source, PrefixSource::Computed { .. }));
+    let eights = || EngineConfig {
+        block_size: 8,
+        ..config(64)
+    };
+    let mut large = LlmEngine::new(model.clone(), eights()).unwrap();
+    let (handle, source) = large.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert!(
+        matches!(source, PrefixSource::Computed { .. }),
+        "{source:?}"
+    );
+    assert_eq!(
+        handle.num_tokens, 24,
+        "three full blocks of 8 of the 30 tokens"
+    );
+    assert_eq!(run_one(&mut large, &question).0, expected);
+    let mut again = LlmEngine::new(model.clone(), eights()).unwrap();
+    let (_, source) = again.pin_persisted_prefix(&corpus, store.path()).unwrap();
+    assert_eq!(source, PrefixSource::Disk);
+    assert_eq!(
+        std::fs::read_dir(store.path()).unwrap().count(),
+        2,
+        "one file per block size"
+    );
+}
+
 /// A prefix file that passes its checksum but holds blocks of another shape (forged, or from
 /// another cache layout) is a miss that takes no blocks, and the prefix is recomputed.
 /// Replicas on other machines share the prefix directory: the same weights under another path,
