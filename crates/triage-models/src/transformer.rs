@@ -427,8 +427,10 @@ impl Transformer {
             })
         };
         let mut hidden: Vec<Option<Tensor>> = vec![None; hidden_layers.len()];
-        // A fresh tensor the norms update in place: nothing else holds its storage.
-        let x = self.embed.forward(&inputs.token_ids)?.copy()?;
+        // The norms update the residual in place. A lookup always makes fresh storage (an
+        // index_select, a dequantized gather or packed rows; the conversion to f32 at most
+        // converts it), so nothing else holds it and no copy is needed.
+        let x = self.embed.forward(&inputs.token_ids)?;
         let first = self
             .layers
             .first()
