@@ -10,8 +10,9 @@
 //
 // Files. This header is what kernels see: keywords, built-in variables and types, intrinsics,
 // atomics, 16-bit floats, and the launch API. It includes fiber.h (stacks and context switches),
-// shared_memory.h (finding static and guarding dynamic shared memory) and scheduler.h (blocks,
-// barriers, warp operations and their checks).
+// shared_memory.h (finding static and guarding dynamic shared memory), scheduler.h (blocks,
+// barriers, warp operations and their checks) and warp_matrix.h (mma.sync, ldmatrix and
+// cp.async, which kernels reach through kernels/mma.cuh).
 //
 // Model. Each CUDA thread is a fiber. Blocks run one after another on the calling OS thread;
 // launches from several OS threads are serialised by a mutex (static __shared__ memory is a
@@ -42,7 +43,7 @@
 // Kernels must avoid: `extern __shared__` (use cudasim::dynamic_shared()); implicit conversions
 // and arithmetic on __half / __nv_bfloat16 (convert explicitly, compute in float); including a
 // standard header after this one (the __noinline__ macro breaks libstdc++'s); __CUDA_ARCH__ (not
-// defined); inline PTX; exceptions; assert() (aborts the process); more than ~48 KiB of locals per
+// defined); inline PTX (kernels/mma.cuh wraps the instructions the simulator models); exceptions; assert() (aborts the process); more than ~48 KiB of locals per
 // thread (fiber stacks are CUDASIM_STACK_BYTES, 64 KiB; overflow is a segfault). A failed launch
 // abandons its fibers without unwinding them. The binary must keep its symbol table (see
 // shared_memory.h).
@@ -294,6 +295,7 @@ extern "C" const char* cudasim_last_error(void);
 extern "C" void cudasim_configure(int order, unsigned long long seed, int poison_byte);
 
 #include "scheduler.h"
+#include "warp_matrix.h"
 
 template <class F>
 cudasim::Status cudasim::launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, F&& body) {
@@ -350,6 +352,23 @@ struct At {
   }
   template <class T> T shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) const {
     return shuffle(Op::ShflXor, mask, v, lane_mask, width);
+  }
+  // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: d += a * b (warp_matrix.h).
+  void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const {
+    MatrixLane m;
+    m.a = a;
+    m.b = b;
+    m.d = d;
+    m.bf16 = bf16;
+    arrive_and_wait(site, Op::Mma, 0xffffffffu, reinterpret_cast<uint64_t>(&m));
+  }
+  // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (warp_matrix.h).
+  void ldmatrix_x4(uint32_t (&out)[4], const void* row, bool trans) const {
+    MatrixLane m;
+    m.row = row;
+    m.out = out;
+    m.trans = trans;
+    arrive_and_wait(site, Op::Ldmatrix, 0xffffffffu, reinterpret_cast<uint64_t>(&m));
   }
 
  private:

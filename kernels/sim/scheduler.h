@@ -75,16 +75,26 @@ inline uint64_t next_random(uint64_t& state) {  // splitmix64
 enum class State : uint8_t { Runnable, AtBarrier, AtWarpOp, Exited, Failed };
 enum class Op : uint8_t {
   SyncThreads, SyncThreadsCount, SyncThreadsAnd, SyncThreadsOr,  // barriers
-  SyncWarp, Ballot, Any, All, ShflIdx, ShflUp, ShflDown, ShflXor   // warp operations
+  SyncWarp, Ballot, Any, All, ShflIdx, ShflUp, ShflDown, ShflXor,  // warp operations
+  Mma, Ldmatrix  // warp matrix instructions (warp_matrix.h): every lane of the warp, full mask
 };
 inline const char* op_name(Op op) {
   static const char* const names[] = {
       "__syncthreads", "__syncthreads_count", "__syncthreads_and", "__syncthreads_or",
       "__syncwarp", "__ballot_sync", "__any_sync", "__all_sync",
-      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync"};
+      "__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync",
+      "mma.sync", "ldmatrix.sync"};
   return names[int(op)];
 }
 struct Site { const char* file; int line; };
+
+// One 16-byte cp.async a thread has issued and not yet waited for (warp_matrix.h).
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned src_bytes;  // Read from `src`; the rest of the 16 bytes is zero-filled.
+  unsigned group;      // Its commit group.
+};
 
 struct Fiber {
   Context ctx;
@@ -100,6 +110,9 @@ struct Fiber {
   unsigned mask = 0;
   int arg = 0, width = 32;
   uint64_t value = 0, result = 0;
+  // cp.async copies not yet performed, and the number of groups committed so far (this block).
+  std::vector<AsyncCopy> copies;
+  unsigned committed_groups = 0;
 };
 
 inline bool same_op(const Fiber& a, const Fiber& b) {
@@ -245,8 +258,16 @@ inline unsigned shuffle_source(Op op, unsigned lane, int arg, int width) {
   }
 }
 
+// Completes a warp matrix instruction all 32 lanes reached (defined in warp_matrix.h).
+inline bool complete_matrix_op(Launch& L, Fiber* w);
+
 // Computes the results of a warp operation all lanes of `mask` (in warp `w`) have reached.
 inline bool complete_warp_op(Launch& L, Fiber* w, unsigned mask) {
+  if (const Op op = w[__builtin_ctz(mask)].op; op == Op::Mma || op == Op::Ldmatrix) {
+    if (!complete_matrix_op(L, w)) return false;
+    for (unsigned lane = 0; lane < 32; ++lane) w[lane].state = State::Runnable;
+    return true;
+  }
   unsigned ballot = 0;
   for (unsigned lane = 0; lane < 32; ++lane)
     if ((mask >> lane & 1) && w[lane].value) ballot |= 1u << lane;
@@ -389,6 +410,8 @@ inline bool run_block(Launch& L) {
     f.dirty = true;  // Until it exits.
     context_init(f.ctx, f.stack, CUDASIM_STACK_BYTES, fiber_main);
     f.state = State::Runnable;
+    f.copies.clear();  // A block's copies die with it, as its shared memory does.
+    f.committed_groups = 0;
   }
   for (;;) {
     draw_order(L);

@@ -308,6 +308,70 @@ __global__ void misaligned_float4(const float* in, float* out) {
   out[threadIdx.x] = v.x + v.y + v.z + v.w;
 }
 
+
+// --- Warp matrix instructions (warp_matrix.h) ---
+
+// One warp: C = A·B for A 16x16 (row-major), B given two ways, through ldmatrix and mma.sync as
+// tensor-core kernels use them. B as [n][k] rows (how K is stored: 16 rows of 16), read without
+// .trans, and B as [k][n] rows (how V is stored: 16 rows of 16), read with .trans; C is 16x16
+// (two n-tiles of 8), written from the accumulator layout. `bf16` picks the element type.
+__global__ void mma_product(const uint16_t* a, const uint16_t* b_nk, const uint16_t* b_kn, float* c_nk,
+                            float* c_kn, bool bf16) {
+  uint16_t* s = static_cast<uint16_t*>(cudasim::dynamic_shared());  // A, B[n][k], B[k][n]: 256 each
+  const unsigned lane = threadIdx.x;
+  for (int i = lane; i < 256; i += 32) s[i] = a[i], s[256 + i] = b_nk[i], s[512 + i] = b_kn[i];
+  __syncwarp();
+  const unsigned r = lane % 16, half = lane / 16;  // lanes 0-15 name rows at column 0, 16-31 at 8
+  uint32_t fa[4], fb[4], fv[4];
+  CUDASIM_AT.ldmatrix_x4(fa, s + r * 16 + half * 8, false);
+  // Matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+  const unsigned n = (lane / 16) * 8 + lane % 8, k = (lane / 8 % 2) * 8;
+  CUDASIM_AT.ldmatrix_x4(fb, s + 256 + n * 16 + k, false);
+  // Transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+  const unsigned kk = (lane / 8 % 2) * 8 + lane % 8, nn = (lane / 16) * 8;
+  CUDASIM_AT.ldmatrix_x4(fv, s + 512 + kk * 16 + nn, true);
+  for (int tile = 0; tile < 2; ++tile) {
+    float d[4] = {0.5f, 0.5f, 0.5f, 0.5f}, e[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    const uint32_t bk[2] = {fb[2 * tile], fb[2 * tile + 1]}, bv[2] = {fv[2 * tile], fv[2 * tile + 1]};
+    CUDASIM_AT.mma_m16n8k16(bf16, d, fa, bk);
+    CUDASIM_AT.mma_m16n8k16(bf16, e, fa, bv);
+    for (int i = 0; i < 4; ++i) {
+      const unsigned row = lane / 4 + 8 * (i / 2), col = tile * 8 + 2 * (lane % 4) + i % 2;
+      c_nk[row * 16 + col] = d[i];
+      c_kn[row * 16 + col] = e[i];
+    }
+  }
+}
+
+// BUG: only half the warp reaches the mma.
+__global__ void mma_half_warp(float* out) {
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float d[4] = {0, 0, 0, 0};
+  if (threadIdx.x < 16) CUDASIM_AT.mma_m16n8k16(true, d, a, b);
+  out[threadIdx.x] = d[0];
+}
+
+// BUG: ldmatrix from global memory.
+__global__ void ldmatrix_global(const uint16_t* rows, uint32_t* out) {
+  uint32_t r[4];
+  CUDASIM_AT.ldmatrix_x4(r, rows + threadIdx.x * 8, false);
+  out[threadIdx.x] = r[0];
+}
+
+// Each thread copies 16 bytes of `in` to shared memory with cp.async (the second half of the
+// block's copies zero-filled past 8 bytes), waits, and every thread reads its neighbour's copy.
+// With `wait` false it reads before waiting (BUG).
+__global__ void async_copy(const float* in, float* out, bool wait) {
+  float* s = static_cast<float*>(cudasim::dynamic_shared());
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  cudasim::cp_async_16(s + 4 * t, in + 4 * t, t < n / 2 ? 16 : 8);
+  cudasim::cp_async_commit();
+  if (wait) cudasim::cp_async_wait(0);
+  __syncthreads();
+  const unsigned u = (t + 1) % n;
+  for (int i = 0; i < 4; ++i) out[4 * t + i] = s[4 * u + i];
+}
+
 // =============================== Host side =====================================================
 
 enum class Kind { Correct, Wrong, LaunchError };
@@ -658,6 +722,74 @@ Outcome case_bad_env() {
   return launch_only(1, 32, 0, [] {});
 }
 
+
+// Random 16-bit values of the type (no NaN or infinity) and their floats.
+std::vector<uint16_t> random16(size_t n, bool bf16, uint64_t seed, std::vector<float>& as_float) {
+  std::vector<uint16_t> bits(n);
+  as_float.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float x = float(int(cudasim::detail::next_random(seed) % 2001) - 1000) / 250.0f;
+    bits[i] = bf16 ? cudasim::detail::float_to_bf16_bits(x) : cudasim::detail::float_to_half_bits(x);
+    as_float[i] = cudasim::detail::element16(bits[i], 0, bf16);
+  }
+  return bits;
+}
+
+Outcome case_mma_product() {
+  for (bool bf16 : {false, true}) {
+    std::vector<float> af, bf, vf;
+    const std::vector<uint16_t> a = random16(256, bf16, 1, af), b_nk = random16(256, bf16, 2, bf),
+                                b_kn = random16(256, bf16, 3, vf);
+    std::vector<float> c_nk(256), c_kn(256);
+    const Status s = cudasim::launch(1, 32, 3 * 256 * 2, [&] {
+      mma_product(a.data(), b_nk.data(), b_kn.data(), c_nk.data(), c_kn.data(), bf16);
+    });
+    if (!s.ok()) return {Kind::LaunchError, s.error};
+    for (int row = 0; row < 16; ++row)
+      for (int col = 0; col < 16; ++col) {
+        double want_nk = 0.5, want_kn = 0.5;
+        for (int k = 0; k < 16; ++k) {
+          want_nk += double(af[row * 16 + k]) * bf[col * 16 + k];
+          want_kn += double(af[row * 16 + k]) * vf[k * 16 + col];
+        }
+        const float got_nk = c_nk[row * 16 + col], got_kn = c_kn[row * 16 + col];
+        if (std::fabs(got_nk - want_nk) > 1e-4 * (1 + std::fabs(want_nk)) ||
+            std::fabs(got_kn - want_kn) > 1e-4 * (1 + std::fabs(want_kn)))
+          return wrong(fmt("%s C[%d][%d]: %g and %g, expected %g and %g", bf16 ? "bf16" : "f16", row, col,
+                           got_nk, got_kn, want_nk, want_kn));
+      }
+  }
+  return correct();
+}
+
+Outcome case_async_copy(bool wait) {
+  const int n = 64;
+  std::vector<float> in(4 * n), want(4 * n);
+  for (int i = 0; i < 4 * n; ++i) in[i] = float(i + 1);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < 4; ++i) {
+      const int u = (t + 1) % n;
+      want[4 * t + i] = u < n / 2 || i < 2 ? in[4 * u + i] : 0.0f;
+    }
+  std::string seen;
+  for (int order : {0, 1}) {
+    cudasim_configure(order, 0, 0xff);
+    std::vector<float> out(4 * n);
+    const Status s = cudasim::launch(1, n, 4 * n * sizeof(float), [&] { async_copy(in.data(), out.data(), wait); });
+    if (!s.ok()) return {Kind::LaunchError, s.error};
+    const Outcome o = compare("out", out, want);
+    if (o.kind == Kind::Wrong) seen += std::string(seen.empty() ? "" : "; ") + (order ? "reverse: " : "forward: ") + o.detail;
+  }
+  return seen.empty() ? correct("right values under both orders") : wrong(seen);
+}
+Outcome case_async_copy_waited() { return case_async_copy(true); }
+Outcome case_async_copy_unwaited() { return case_async_copy(false); }
+Outcome case_mma_half_warp() { return launch_only(1, 32, 0, [] { mma_half_warp(g_floats.data()); }); }
+Outcome case_ldmatrix_global() {
+  static std::vector<uint16_t> rows(32 * 8);
+  return launch_only(1, 32, 64, [] { ldmatrix_global(rows.data(), reinterpret_cast<uint32_t*>(g_ints.data())); });
+}
+
 // A race must give a wrong value under forward or reverse order.
 template <class K> Outcome race(unsigned threads, const std::vector<int>& want, K kernel) {
   std::string seen;
@@ -718,6 +850,8 @@ const Case kCases[] = {
     {"legal divergence then convergence", Expect::Correct, "", case_diverge_converge},
     {"thread and block orders", Expect::Correct, "", case_orders},
     {"parallel launches from 4 OS threads", Expect::Correct, "", case_parallel_launches},
+    {"ldmatrix (+ .trans) and mma.sync m16n8k16", Expect::Correct, "", case_mma_product},
+    {"cp.async, waited for", Expect::Correct, "", case_async_copy_waited},
     {"BUG early return before barrier", Expect::LaunchError, "has exited", case_early_return},
     {"BUG __syncthreads in divergent branch", Expect::LaunchError, "instead; every thread", case_barrier_in_branch},
     {"BUG shuffle in branch, then barrier", Expect::LaunchError, "which waits at __syncthreads", case_shuffle_branch_barrier},
@@ -735,6 +869,9 @@ const Case kCases[] = {
     {"BUG race: neighbour without barrier", Expect::Wrong, "", case_race_neighbour},
     {"BUG race: broadcast without barrier", Expect::Wrong, "", case_race_broadcast},
     {"BUG read of unwritten shared", Expect::Wrong, "", case_unwritten},
+    {"BUG cp.async read before its wait", Expect::Wrong, "", case_async_copy_unwaited},
+    {"BUG mma.sync on half a warp", Expect::LaunchError, "which has exited", case_mma_half_warp},
+    {"BUG ldmatrix from global memory", Expect::LaunchError, "outside the block's", case_ldmatrix_global},
     {"BUG read of unwritten shared (template)", Expect::Wrong, "", case_unwritten_template},
     {"BUG dynamic shared overflow write", Expect::ErrorOrSanitizer, "outside its 256 bytes of dynamic shared", case_dynamic_overflow_write},
     {"BUG dynamic shared overflow read", Expect::Sanitizer, "", case_dynamic_overflow_read},
