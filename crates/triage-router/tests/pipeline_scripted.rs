@@ -326,6 +326,7 @@ fn a_sure_rag_answer_is_kept_and_streamed_after_the_route() {
     assert_eq!(monitor.decision, MonitorVerdict::Accept);
     assert_eq!(monitor.trace.len(), 4);
     assert!((monitor.mean.unwrap() - 0.1).abs() < 1e-6);
+    assert_eq!(out.answer.decision.handoff_ms, None);
     let retrieval = out.answer.decision.retrieval.as_ref().unwrap();
     assert_eq!(retrieval.chunk_ids.len(), 2);
     // Chunks are in the prompt in relevance order, the best first.
@@ -598,6 +599,8 @@ fn an_unsure_rag_answer_escalates_and_its_generation_stops_early() {
         "{}",
         out.answer.decision.reason
     );
+    // Timed from the monitor's decision to the long-context model's first token.
+    assert!(out.answer.decision.handoff_ms.is_some());
 }
 
 #[test]
@@ -646,6 +649,8 @@ fn a_declined_answer_escalates_even_when_sure() {
     assert!(declined(&out));
     assert!(g.rag_prompts[0].contains("reply exactly: unanswerable"));
     assert!(out.answer.decision.reason.contains("insufficient"));
+    // Decided on the finished answer, and timed from that verdict.
+    assert!(out.answer.decision.handoff_ms.is_some());
 }
 
 #[test]
@@ -765,6 +770,8 @@ fn forced_routes_are_obeyed() {
     let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
     assert_eq!(out.answer.decision.path, RoutePath::Lc);
     assert_eq!(g.count(Call::Rag), 1);
+    // Nothing escalated, so there is no handoff to time.
+    assert_eq!(out.answer.decision.handoff_ms, None);
     request.route = Route::None;
     let out = ask(&f, &mut g, config(), request.clone(), true).unwrap();
     assert_eq!(

@@ -211,6 +211,11 @@ pub struct DecisionRecord {
     /// exactly), where the corpus came from a store.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corpus_generation: Option<u64>,
+    /// Milliseconds from the decision to escalate the RAG answer (the monitor's or the probe's,
+    /// mid-answer, or the verdict on the finished answer) to the long-context model's first
+    /// token: what an escalation costs the client in waiting, where one happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_ms: Option<f64>,
 }
 
 impl DecisionRecord {
@@ -229,6 +234,7 @@ impl DecisionRecord {
             long_context_unavailable: None,
             unpinned_corpora: Vec::new(),
             corpus_generation: None,
+            handoff_ms: None,
         }
     }
 
@@ -418,6 +424,23 @@ mod tests {
         assert_eq!(serde_json::to_string(&back).unwrap(), json);
         let g = back.monitor.unwrap().grounding.unwrap();
         assert!(g.chunk_margin.is_nan() && g.chunk_rank == 2.0);
+    }
+
+    /// A record of an escalation carries its handoff time; one written before it existed, or of
+    /// an answer that did not escalate, has none and writes none.
+    #[test]
+    fn the_handoff_time_is_written_only_where_an_answer_escalated() {
+        let mut record = full_record();
+        record.handoff_ms = Some(12.5);
+        let json = serde_json::to_string(&record).unwrap();
+        assert!(
+            json.ends_with(r#""cost":0.0021875,"handoff_ms":12.5}"#),
+            "{json}"
+        );
+        let back: DecisionRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.handoff_ms, Some(12.5));
+        let old: DecisionRecord = serde_json::from_str(WRITTEN_BEFORE).unwrap();
+        assert_eq!(old.handoff_ms, None);
     }
 
     #[test]

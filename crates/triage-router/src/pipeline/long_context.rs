@@ -15,8 +15,14 @@ use crate::generator::ModelRole;
 use crate::routing_config::RoutePath;
 
 impl Run<'_, '_> {
-    /// Answer with the long-context model over the whole corpus, streaming as it comes.
-    pub(super) fn long_context(&mut self, reason: &str) -> Result<String> {
+    /// Answer with the long-context model over the whole corpus, streaming as it comes. An
+    /// escalated answer passes the moment it was decided, and the record gets the handoff: the
+    /// time from then to this model's first token.
+    pub(super) fn long_context(
+        &mut self,
+        reason: &str,
+        escalated_at: Option<Instant>,
+    ) -> Result<String> {
         let lc = match &self.corpus.long_context {
             Ok(lc) => *lc,
             Err(why) => {
@@ -39,13 +45,18 @@ impl Run<'_, '_> {
         let events = &mut *self.events;
         // Nothing to decide: the answer streams from its first piece.
         let mut stream = HoldBack::start(RoutePath::Lc, Release::Immediately, false, events);
+        let mut first_token = None;
         let g = self
             .generator
             .generate(ModelRole::LongContext, &[request], &mut |_, _, text| {
+                first_token.get_or_insert_with(Instant::now);
                 stream.step(text, Decision::Continue, events)
             })?
             .remove(0);
         stream.finish(&g.text, events);
+        if let (Some(from), Some(to)) = (escalated_at, first_token) {
+            self.record.handoff_ms = Some(to.duration_since(from).as_secs_f64() * 1e3);
+        }
         let prices = self.config().prices;
         self.record.add_stage(
             Stage::Lc,

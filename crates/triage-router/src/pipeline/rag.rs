@@ -23,6 +23,7 @@ use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
 use crate::grounding::grounding;
+use crate::routing_config::RoutePath;
 use crate::sample_agreement::{agreement, Sample};
 use triage_types::{GroundingFeatures, ProbeStates};
 
@@ -31,6 +32,19 @@ pub(super) struct RagOutcome {
     pub generated: Generated,
     /// Whether the answer stands (on the RAG path) or escalates (to `lc`), and why.
     pub verdict: Verdict,
+    /// When it escalates, the moment that was decided: the monitor's or the probe's decision
+    /// mid-answer, else the verdict on the finished answer. The handoff is timed from here.
+    pub escalated_at: Option<Instant>,
+}
+
+/// A generation under the monitor, with what was seen while it ran.
+struct Held {
+    generated: Generated,
+    hold: HoldBack,
+    probed: Option<ProbeVerdict>,
+    /// The first token at which the monitor or the probe escalated (with long context to take
+    /// over).
+    escalated_at: Option<Instant>,
 }
 
 /// What was asked after the answer: the samples' agreement with it and its self-check (both NaN
@@ -86,8 +100,12 @@ impl Run<'_, '_> {
         };
         let stop_on_escalate = self.config().monitor.stop_on_escalate;
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
-        let (generated, hold, probed) =
-            self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
+        let Held {
+            generated,
+            hold,
+            probed,
+            escalated_at,
+        } = self.generate_held(request.clone(), &mut span, hold, can_escalate)?;
         let escalation = self.escalation_signals(
             &generated,
             &mut span,
@@ -115,6 +133,8 @@ impl Run<'_, '_> {
             }
         };
         let judged = self.judge(&generated, &hits, follow_ups, &span, escalation)?;
+        let escalated_at = (judged.verdict.path == RoutePath::Lc)
+            .then(|| escalated_at.unwrap_or_else(Instant::now));
         if judged.verdict.path == path {
             hold.finish(&generated.text, &mut *self.events);
             self.record.path = path;
@@ -123,6 +143,7 @@ impl Run<'_, '_> {
         Ok(RagOutcome {
             generated,
             verdict: judged.verdict,
+            escalated_at,
         })
     }
 
@@ -207,9 +228,10 @@ impl Run<'_, '_> {
         span: &mut SpanMonitor,
         mut hold: HoldBack,
         can_escalate: bool,
-    ) -> Result<(Generated, HoldBack, Option<ProbeVerdict>)> {
+    ) -> Result<Held> {
         let mut failure = None;
         let mut probed = None;
+        let mut escalated_at = None;
         let probe = self.pipeline.probe.as_ref().map(|p| {
             let at = request
                 .params
@@ -252,12 +274,22 @@ impl Run<'_, '_> {
                         }
                     }
                 }
+                if can_escalate && escalated_at.is_none() {
+                    if let Decision::Escalate { .. } = decision {
+                        escalated_at = Some(Instant::now());
+                    }
+                }
                 hold.step(text, decision, events)
             })?
             .remove(0);
         match failure {
             Some(e) => Err(e),
-            None => Ok((generated, hold, probed)),
+            None => Ok(Held {
+                generated,
+                hold,
+                probed,
+                escalated_at,
+            }),
         }
     }
 
@@ -366,7 +398,7 @@ impl Run<'_, '_> {
         tau: f32,
         offers_decline: bool,
         probe: Option<ProbeVerdict>,
-        rag_path: crate::routing_config::RoutePath,
+        rag_path: RoutePath,
         fallback: Fallback,
     ) -> EscalationSignals {
         EscalationSignals {

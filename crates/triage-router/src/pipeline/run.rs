@@ -147,7 +147,7 @@ impl<'p, 'a> Run<'p, 'a> {
             Route::None => self.forced_none(),
             Route::Rag => self.forced_rag(self.always_hybrid()),
             Route::Hybrid => self.forced_rag(true),
-            Route::Lc => self.long_context("route forced to lc"),
+            Route::Lc => self.long_context("route forced to lc", None),
         }
     }
 
@@ -155,7 +155,7 @@ impl<'p, 'a> Run<'p, 'a> {
     /// answer's signals call for.
     fn auto(&mut self) -> Result<String> {
         let hybrid = match self.plan_steps()? {
-            Plan::Lc(reason) => return self.long_context(&reason),
+            Plan::Lc(reason) => return self.long_context(&reason, None),
             Plan::ClosedBook { answer, reason } => {
                 self.record.reason = reason;
                 return Ok(self.closed_book(answer));
@@ -164,7 +164,7 @@ impl<'p, 'a> Run<'p, 'a> {
         };
         let outcome = self.rag(hybrid, self.fallback())?;
         if outcome.verdict.path == RoutePath::Lc {
-            return self.long_context(&outcome.verdict.reason);
+            return self.long_context(&outcome.verdict.reason, outcome.escalated_at);
         }
         // The answer stands: `rag` streamed it and recorded its path.
         self.record.reason = outcome.verdict.reason;
