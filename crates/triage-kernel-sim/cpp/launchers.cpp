@@ -5,6 +5,7 @@
 #include "entropy_window.cu"
 #include "logits_reduce.cu"
 #include "paged_attention.cu"
+#include "prefill_attention.cu"
 #include "reshape_and_cache.cu"
 #include "rms_norm.cu"
 #include "rope_and_cache.cu"
@@ -88,6 +89,42 @@ struct SimPagedAttention {
 PAGED_ATTENTION_LAUNCHER(paged_attention_f32, float)
 PAGED_ATTENTION_LAUNCHER(paged_attention_f16, __half)
 PAGED_ATTENTION_LAUNCHER(paged_attention_bf16, __nv_bfloat16)
+
+/// Buffers and sizes of one prefill-attention launch (the Rust side's `SimPrefillAttention`).
+struct SimPrefillAttention {
+    float* out;
+    float* part_out;
+    float* part_max;
+    float* part_sum;
+    const void* q;
+    const void* k_cache;
+    const void* v_cache;
+    const unsigned* block_tables;
+    const unsigned* row_seq;
+    const unsigned* row_pos;
+    const unsigned* tiles;
+    int num_heads;
+    int kv_heads;
+    int block_size;
+    int max_blocks_per_seq;
+    int num_partitions;
+    float scale;
+};
+
+#define PREFILL_ATTENTION_LAUNCHER(NAME, T)                                                                   \
+    extern "C" int sim_##NAME(const SimGeometry* g, const SimPrefillAttention* a) {                          \
+        const SimPrefillAttention x = *a;                                                                     \
+        return run(g, [=] {                                                                                   \
+            NAME(x.out, x.part_out, x.part_max, x.part_sum, static_cast<const T*>(x.q),                      \
+                 static_cast<const T*>(x.k_cache), static_cast<const T*>(x.v_cache), x.block_tables,          \
+                 x.row_seq, x.row_pos, x.tiles, x.num_heads, x.kv_heads, x.block_size, x.max_blocks_per_seq, \
+                 x.num_partitions, x.scale);                                                                  \
+        });                                                                                                   \
+    }
+PREFILL_ATTENTION_LAUNCHER(prefill_attention_d64_f16, __half)
+PREFILL_ATTENTION_LAUNCHER(prefill_attention_d64_bf16, __nv_bfloat16)
+PREFILL_ATTENTION_LAUNCHER(prefill_attention_d128_f16, __half)
+PREFILL_ATTENTION_LAUNCHER(prefill_attention_d128_bf16, __nv_bfloat16)
 
 extern "C" int sim_paged_attention_merge_f32(const SimGeometry* g, float* out, const float* part_out,
                                              const float* part_max, const float* part_sum, const unsigned* row_pos,

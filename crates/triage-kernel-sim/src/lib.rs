@@ -90,6 +90,8 @@ type ReshapeAndCacheFn = unsafe extern "C" fn(
     c_int,
 ) -> c_int;
 type PagedAttentionFn = unsafe extern "C" fn(*const SimGeometry, *const SimPagedAttention) -> c_int;
+type PrefillAttentionFn =
+    unsafe extern "C" fn(*const SimGeometry, *const SimPrefillAttention) -> c_int;
 type RopeAndCacheFn = unsafe extern "C" fn(*const SimGeometry, *const SimRopeAndCache) -> c_int;
 type SiluMulFn =
     unsafe extern "C" fn(*const SimGeometry, *const c_void, *mut c_void, c_int) -> c_int;
@@ -178,6 +180,20 @@ extern "C" {
         n: c_int,
     ) -> c_int;
     fn sim_paged_attention_f32(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
+    fn sim_prefill_attention_d64_f16(g: *const SimGeometry, a: *const SimPrefillAttention)
+        -> c_int;
+    fn sim_prefill_attention_d64_bf16(
+        g: *const SimGeometry,
+        a: *const SimPrefillAttention,
+    ) -> c_int;
+    fn sim_prefill_attention_d128_f16(
+        g: *const SimGeometry,
+        a: *const SimPrefillAttention,
+    ) -> c_int;
+    fn sim_prefill_attention_d128_bf16(
+        g: *const SimGeometry,
+        a: *const SimPrefillAttention,
+    ) -> c_int;
     fn sim_paged_attention_f16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
     fn sim_paged_attention_bf16(g: *const SimGeometry, a: *const SimPagedAttention) -> c_int;
     fn sim_silu_mul_f32(
@@ -293,6 +309,49 @@ mod launchers {
         const ADD_RMS_NORM: AddRmsNormFn = sim_add_rms_norm_bf16;
         const ROPE_AND_CACHE: RopeAndCacheFn = sim_rope_and_cache_bf16;
     }
+}
+
+/// A 16-bit element type, the inputs of the tensor-core kernels: `f16` or `bf16`.
+pub trait HalfElem: Elem {
+    /// `prefill_attention_d64_<dtype>` and `prefill_attention_d128_<dtype>`.
+    #[doc(hidden)]
+    const PREFILL_ATTENTION: [PrefillAttentionFn; 2];
+}
+
+impl HalfElem for f16 {
+    const PREFILL_ATTENTION: [PrefillAttentionFn; 2] = [
+        sim_prefill_attention_d64_f16,
+        sim_prefill_attention_d128_f16,
+    ];
+}
+
+impl HalfElem for bf16 {
+    const PREFILL_ATTENTION: [PrefillAttentionFn; 2] = [
+        sim_prefill_attention_d64_bf16,
+        sim_prefill_attention_d128_bf16,
+    ];
+}
+
+/// `SimPrefillAttention` of `cpp/launchers.cpp`.
+#[repr(C)]
+pub struct SimPrefillAttention {
+    out: *mut f32,
+    part_out: *mut f32,
+    part_max: *mut f32,
+    part_sum: *mut f32,
+    q: *const c_void,
+    k_cache: *const c_void,
+    v_cache: *const c_void,
+    block_tables: *const u32,
+    row_seq: *const u32,
+    row_pos: *const u32,
+    tiles: *const u32,
+    num_heads: c_int,
+    kv_heads: c_int,
+    block_size: c_int,
+    max_blocks_per_seq: c_int,
+    num_partitions: c_int,
+    scale: f32,
 }
 
 /// One launch at a time: the simulator's static shared memory is a single process-wide section.
@@ -739,6 +798,128 @@ pub fn paged_attention<T: Elem>(
             .map_err(|e| SimError(e.to_string()))?;
         let geometry = SimGeometry::from(&merge);
         let (h, d, p) = (args.num_heads, args.head_dim, args.num_partitions);
+        #[allow(unsafe_code)]
+        // SAFETY: as above; the merge reads the partial buffers the first launch wrote.
+        run(|| unsafe {
+            sim_paged_attention_merge_f32(
+                &geometry,
+                out.as_mut_ptr(),
+                part_out.as_ptr(),
+                part_max.as_ptr(),
+                part_sum.as_ptr(),
+                rows.row_pos.as_ptr(),
+                h,
+                d,
+                p,
+            )
+        })?;
+    }
+    Ok(out)
+}
+
+/// `prefill_attention_d<head_dim>_<dtype>` (and, with several partitions,
+/// `paged_attention_merge_f32`) for the query rows of `rows`, over the `tiles` of
+/// `PagedAttentionMetadata::prefill_tiles` cut for `threads` per block. `num_partitions` is
+/// what `launch::prefill_attention_partitions` chose, or any count covering the longest context
+/// (a test may split a grid the launch would not). Returns `[rows, num_heads, head_dim]` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_attention<T: HalfElem>(
+    shape: &AttentionShape,
+    rows: &KernelRows,
+    tiles: &[u32],
+    q: &[T],
+    k_cache: &[T],
+    v_cache: &[T],
+    threads: u32,
+    num_partitions: usize,
+) -> Result<Vec<f32>> {
+    let AttentionShape {
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+        num_blocks,
+    } = *shape;
+    let num_rows = rows.row_pos.len();
+    let cache_len = num_blocks * block_size * kv_heads * head_dim;
+    let group = num_heads / kv_heads.max(1);
+    let tile_rows = launch::prefill_tile_rows(threads);
+    let tiles_ok = tiles.len().is_multiple_of(3)
+        && tiles.chunks(3).all(|t| {
+            let (first, count, m) = (t[0] as usize, t[1] as usize, t[2] as usize);
+            first + count <= num_rows && m < count * group && m.is_multiple_of(tile_rows)
+        });
+    check(
+        q.len() == num_rows * num_heads * head_dim
+            && k_cache.len() == cache_len
+            && v_cache.len() == cache_len
+            && kv_heads > 0
+            && num_heads.is_multiple_of(kv_heads)
+            && tiles_ok
+            && rows.row_seq.len() == num_rows
+            && rows.block_tables.iter().all(|&b| (b as usize) < num_blocks)
+            && rows
+                .row_seq
+                .iter()
+                .all(|&s| (s as usize + 1) * rows.max_blocks_per_seq <= rows.block_tables.len())
+            && rows
+                .row_pos
+                .iter()
+                .all(|&p| (p as usize) < rows.max_blocks_per_seq * block_size)
+            && (num_partitions == 1
+                || num_partitions >= launch::num_partitions(rows.max_context_len)),
+        || {
+            format!(
+                "{num_rows} rows, {} q, {} cache elements, {} tile words, {num_partitions} partitions",
+                q.len(),
+                k_cache.len(),
+                tiles.len()
+            )
+        },
+    )?;
+    let g = launch::prefill_attention(
+        tiles.len() / 3,
+        kv_heads,
+        num_partitions,
+        head_dim,
+        std::mem::size_of::<T>(),
+        threads,
+    )
+    .map_err(|e| SimError(e.to_string()))?;
+    let launcher = T::PREFILL_ATTENTION[usize::from(head_dim == 128)];
+    let mut out = vec![OUTPUT_POISON; num_rows * num_heads * head_dim];
+    let mut part_out = vec![OUTPUT_POISON; num_rows * num_heads * num_partitions * head_dim];
+    let mut part_max = vec![OUTPUT_POISON; num_rows * num_heads * num_partitions];
+    let mut part_sum = part_max.clone();
+    let args = SimPrefillAttention {
+        out: out.as_mut_ptr(),
+        part_out: part_out.as_mut_ptr(),
+        part_max: part_max.as_mut_ptr(),
+        part_sum: part_sum.as_mut_ptr(),
+        q: q.as_ptr().cast(),
+        k_cache: k_cache.as_ptr().cast(),
+        v_cache: v_cache.as_ptr().cast(),
+        block_tables: rows.block_tables.as_ptr(),
+        row_seq: rows.row_seq.as_ptr(),
+        row_pos: rows.row_pos.as_ptr(),
+        tiles: tiles.as_ptr(),
+        num_heads: c_int_of(num_heads)?,
+        kv_heads: c_int_of(kv_heads)?,
+        block_size: c_int_of(block_size)?,
+        max_blocks_per_seq: c_int_of(rows.max_blocks_per_seq)?,
+        num_partitions: c_int_of(num_partitions)?,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let geometry = SimGeometry::from(&g);
+    #[allow(unsafe_code)]
+    // SAFETY: the buffers have the sizes the kernel indexes (checked or allocated above: tiles
+    // name rows inside `q`, block ids lie inside the caches) and outlive the synchronous launch.
+    run(|| unsafe { launcher(&geometry, &args) })?;
+    if num_partitions > 1 {
+        let merge = launch::paged_attention_merge(num_heads, num_rows, launch::MIN_THREADS)
+            .map_err(|e| SimError(e.to_string()))?;
+        let geometry = SimGeometry::from(&merge);
+        let (h, d, p) = (args.num_heads, c_int_of(head_dim)?, args.num_partitions);
         #[allow(unsafe_code)]
         // SAFETY: as above; the merge reads the partial buffers the first launch wrote.
         run(|| unsafe {

@@ -17,7 +17,7 @@ use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor
 
 use crate::entropy_window::EntropyWindowParams;
 use crate::launch::{self, LaunchGeometry};
-use crate::paged_attention::{check_slots, DeviceRows, HostSlots};
+use crate::paged_attention::{check_slots, DeviceRows, HostSlots, PrefillTiles};
 use crate::{OpsError, Result};
 
 /// One `.cu` file of `kernels/`, compiled to PTX by `build.rs`.
@@ -30,6 +30,7 @@ enum Module {
     RmsNorm,
     SiluMul,
     RopeAndCache,
+    PrefillAttention,
 }
 
 impl Module {
@@ -44,6 +45,7 @@ impl Module {
             Self::RmsNorm => "triage_ops/rms_norm",
             Self::SiluMul => "triage_ops/silu_mul",
             Self::RopeAndCache => "triage_ops/rope_and_cache",
+            Self::PrefillAttention => "triage_ops/prefill_attention",
         }
     }
 
@@ -58,6 +60,9 @@ impl Module {
             Self::RmsNorm => include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx")),
             Self::SiluMul => include_str!(concat!(env!("OUT_DIR"), "/silu_mul.ptx")),
             Self::RopeAndCache => include_str!(concat!(env!("OUT_DIR"), "/rope_and_cache.ptx")),
+            Self::PrefillAttention => {
+                include_str!(concat!(env!("OUT_DIR"), "/prefill_attention.ptx"))
+            }
         }
     }
 }
@@ -531,6 +536,149 @@ impl AttentionShape {
         // inside the caches and every position is inside its block table; `out` holds
         // `[rows, heads, head_dim]` and, with several partitions, the partial buffers hold
         // `[rows, heads, partitions(, head_dim)]`; with one partition they are null and unused.
+        unsafe { builder.launch(config(g)) }.w()?;
+        drop(builder);
+        if let Some(p) = &parts {
+            p.merge(dev, &mut out, &row_pos, self, num_partitions)?;
+        }
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// prefill_attention
+
+/// CUDA form of [`crate::paged_attention::paged_attention_planned`] for a step with a prefill
+/// chunk over f16 or bf16 caches (the plan chose it and made `tiles`): `q`
+/// `[num_tokens, num_heads, head_dim]` (converted to the caches' dtype) over caches
+/// `[num_blocks, block_size, kv_heads, head_dim]`, on tensor cores. Returns
+/// `[num_tokens, num_heads, head_dim]` f32. A short chunk over a long context is split into
+/// partitions ([`launch::prefill_attention_partitions`]) that `paged_attention_merge_f32`
+/// combines.
+pub(crate) fn prefill_attention_cuda(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    rows: &DeviceRows,
+    tiles: &PrefillTiles,
+) -> Result<Tensor> {
+    let (num_tokens, num_heads, head_dim) = q.dims3()?;
+    let (_, block_size, kv_heads, _) = k_cache.dims4()?;
+    let dev = q.device().as_cuda_device()?.clone();
+    let q = q.to_dtype(k_cache.dtype())?.contiguous()?;
+    let shape = AttentionShape {
+        num_rows: num_tokens,
+        num_heads,
+        kv_heads,
+        head_dim,
+        block_size,
+    };
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k_cache.storage_and_layout();
+    let (vs, vl) = v_cache.storage_and_layout();
+    let out = match k_cache.dtype() {
+        DType::F16 => {
+            shape.run_prefill::<half::f16>(&dev, rows, tiles, (&*qs, ql), (&*ks, kl), (&*vs, vl))?
+        }
+        DType::BF16 => shape.run_prefill::<half::bf16>(
+            &dev,
+            rows,
+            tiles,
+            (&*qs, ql),
+            (&*ks, kl),
+            (&*vs, vl),
+        )?,
+        other => {
+            return Err(OpsError::InvalidArgument(format!(
+                "prefill_attention: caches of dtype {other:?}"
+            )))
+        }
+    };
+    Ok(f32_tensor(out, &dev, (num_tokens, num_heads, head_dim)))
+}
+
+impl AttentionShape {
+    /// Runs `prefill_attention_d<head_dim>_<dtype>` over the plan's tiles and, when split, the
+    /// merge.
+    fn run_prefill<T: CudaDType + DeviceRepr + WithDType>(
+        &self,
+        dev: &CudaDevice,
+        rows: &DeviceRows,
+        tiles: &PrefillTiles,
+        q: Input<'_>,
+        k: Input<'_>,
+        v: Input<'_>,
+    ) -> Result<CudaSlice<f32>> {
+        let num_partitions = launch::prefill_attention_partitions(
+            tiles.num_tiles,
+            self.kv_heads,
+            self.num_rows,
+            self.num_heads,
+            self.head_dim,
+            rows.max_context_len,
+        );
+        let g = launch::prefill_attention(
+            tiles.num_tiles,
+            self.kv_heads,
+            num_partitions,
+            self.head_dim,
+            std::mem::size_of::<T>(),
+            launch::PREFILL_ATTENTION_THREADS,
+        )?;
+        let per_row = self.num_rows * self.num_heads;
+        // SAFETY: left unset, no memset: unsplit, every (row, head) pair belongs to one tile,
+        // whose block writes all its dims; split, the merge writes every element.
+        let mut out = unsafe { dev.alloc::<f32>(per_row * self.head_dim) }?;
+        let mut parts = if num_partitions > 1 {
+            Some(Partials::new(dev, per_row * num_partitions, self.head_dim)?)
+        } else {
+            None
+        };
+        let (bs, bl) = rows.block_tables.storage_and_layout();
+        let (ss, sl) = rows.row_seq.storage_and_layout();
+        let (ps, pl) = rows.row_pos.storage_and_layout();
+        let (ts, tl) = tiles.tiles.storage_and_layout();
+        let block_tables = tensor_view::<u32>(&bs, bl, "prefill_attention block tables")?;
+        let row_seq = tensor_view::<u32>(&ss, sl, "prefill_attention row sequences")?;
+        let row_pos = tensor_view::<u32>(&ps, pl, "prefill_attention row positions")?;
+        let tile_words = tensor_view::<u32>(&ts, tl, "prefill_attention tiles")?;
+        let q = tensor_view::<T>(q.0, q.1, "prefill_attention q")?;
+        let k = tensor_view::<T>(k.0, k.1, "prefill_attention k cache")?;
+        let v = tensor_view::<T>(v.0, v.1, "prefill_attention v cache")?;
+        let ints = [
+            c_int(self.num_heads, "heads")?,
+            c_int(self.kv_heads, "kv heads")?,
+            c_int(self.block_size, "block size")?,
+            c_int(rows.max_blocks_per_seq, "blocks per sequence")?,
+            c_int(num_partitions, "partitions")?,
+        ];
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let null = 0u64;
+        let name = format!("prefill_attention_d{}_{}", self.head_dim, T::DTYPE.as_str());
+        let func = kernel(dev, Module::PrefillAttention, &name)?;
+        let stream = dev.cuda_stream();
+        let mut builder = stream.launch_builder(&func);
+        builder.arg(&mut out);
+        match &mut parts {
+            Some(p) => builder.arg(&mut p.out).arg(&mut p.max).arg(&mut p.sum),
+            None => builder.arg(&null).arg(&null).arg(&null),
+        };
+        builder.arg(&q).arg(&k).arg(&v);
+        builder
+            .arg(&block_tables)
+            .arg(&row_seq)
+            .arg(&row_pos)
+            .arg(&tile_words);
+        for n in &ints {
+            builder.arg(n);
+        }
+        builder.arg(&scale);
+        // SAFETY: the arguments match `prefill_attention_d<dim>_<dtype>` (kernels/README.md).
+        // The plan validated its metadata against this cache, so every block id a tile reads is
+        // inside the caches; the tiles were cut from the same metadata for this query group, so
+        // every (row, head) pair they name is inside `q` and `out`; the caches start on a
+        // 16-byte boundary (checked by the plan) as the 16-byte copies need; with several
+        // partitions the partial buffers hold `[rows, heads, partitions(, head_dim)]`.
         unsafe { builder.launch(config(g)) }.w()?;
         drop(builder);
         if let Some(p) = &parts {

@@ -4,7 +4,7 @@
 use candle_core::{Device, Tensor};
 
 use crate::entropy_window::EntropyWindowParams;
-use crate::paged_attention::DeviceRows;
+use crate::paged_attention::{DeviceRows, PrefillTiles};
 use crate::{OpsError, Result};
 
 /// Needs the `cuda` feature.
@@ -13,6 +13,17 @@ pub(crate) fn paged_attention_cuda(
     _k_cache: &Tensor,
     _v_cache: &Tensor,
     _rows: &DeviceRows,
+) -> Result<Tensor> {
+    Err(OpsError::NotCompiledWithCuda)
+}
+
+/// Needs the `cuda` feature.
+pub(crate) fn prefill_attention_cuda(
+    _q: &Tensor,
+    _k_cache: &Tensor,
+    _v_cache: &Tensor,
+    _rows: &DeviceRows,
+    _tiles: &PrefillTiles,
 ) -> Result<Tensor> {
     Err(OpsError::NotCompiledWithCuda)
 }

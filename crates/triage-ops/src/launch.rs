@@ -37,6 +37,22 @@ pub const SILU_MUL_THREADS: u32 = 256;
 /// Keys one `paged_attention` block scores: longer contexts are split into partitions of this
 /// many keys whose partial results `paged_attention_merge` combines by log-sum-exp.
 pub const PARTITION_SIZE: u32 = 512;
+/// Block size of `prefill_attention`: 4 warps, each owning 16 (query row, head) pairs of a tile.
+pub const PREFILL_ATTENTION_THREADS: u32 = 128;
+/// Keys in one `prefill_attention` shared K/V tile (the kernel's `BLOCK_N`).
+pub const PREFILL_KEY_TILE: usize = 64;
+/// Elements each shared K/V row of `prefill_attention` is padded by (the kernel's `PAD`).
+const PREFILL_ROW_PAD: usize = 8;
+/// Head dims `prefill_attention` is instantiated for (`prefill_attention_d<dim>_<dtype>`).
+pub const PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
+/// A `prefill_attention` launch with fewer blocks than this (tiles × KV heads: a short chunk,
+/// such as a question over a cached corpus) splits its keys into partitions of
+/// [`PARTITION_SIZE`] so that every multiprocessor gets work (two blocks each on the 132 of an
+/// H100 or H200).
+pub const PREFILL_SPLIT_BELOW_BLOCKS: usize = 264;
+/// The most bytes the partial results of a split `prefill_attention` launch may take; a launch
+/// that would need more runs unsplit.
+pub const PREFILL_SPLIT_MAX_BYTES: usize = 64 << 20;
 
 /// Everything `cuLaunchKernel` needs besides the arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,6 +271,62 @@ pub fn paged_attention(
     LaunchGeometry::new(grid, threads, state_bytes(heads_per_block) as u32)
 }
 
+/// (Query row, head) pairs in one `prefill_attention` tile: 16 per warp.
+pub fn prefill_tile_rows(threads: u32) -> usize {
+    16 * (threads / WARP_SIZE) as usize
+}
+
+/// Partitions of a `prefill_attention` launch of `num_tiles` tiles over `num_rows` query rows:
+/// one, unless the grid would leave multiprocessors idle ([`PREFILL_SPLIT_BELOW_BLOCKS`]), the
+/// longest context spans several partitions, and their partial results fit
+/// [`PREFILL_SPLIT_MAX_BYTES`].
+pub fn prefill_attention_partitions(
+    num_tiles: usize,
+    kv_heads: usize,
+    num_rows: usize,
+    num_heads: usize,
+    head_dim: usize,
+    max_context_len: usize,
+) -> usize {
+    let partitions = num_partitions(max_context_len);
+    let partial_bytes = num_rows * num_heads * partitions * (head_dim + 2) * 4;
+    if num_tiles * kv_heads >= PREFILL_SPLIT_BELOW_BLOCKS
+        || partitions == 1
+        || partial_bytes > PREFILL_SPLIT_MAX_BYTES
+    {
+        1
+    } else {
+        partitions
+    }
+}
+
+/// `prefill_attention_d<head_dim>_<dtype>` over 16-bit elements: grid (tiles, KV heads,
+/// partitions); dynamic shared memory holds one K and one V tile of [`PREFILL_KEY_TILE`] keys,
+/// each row padded by 8 elements. Head dims other than [`PREFILL_HEAD_DIMS`] and element sizes
+/// other than 2 are refused (the caller then runs `paged_attention`).
+pub fn prefill_attention(
+    num_tiles: usize,
+    kv_heads: usize,
+    num_partitions: usize,
+    head_dim: usize,
+    elem_bytes: usize,
+    threads: u32,
+) -> Result<LaunchGeometry> {
+    if !PREFILL_HEAD_DIMS.contains(&head_dim) || elem_bytes != 2 {
+        return Err(OpsError::InvalidArgument(format!(
+            "prefill attention runs head dims {PREFILL_HEAD_DIMS:?} of 16-bit floats, not {head_dim} × {elem_bytes} bytes"
+        )));
+    }
+    check_threads(threads)?;
+    let grid = (
+        grid_dim(num_tiles, MAX_GRID_X, "query tiles")?,
+        grid_dim(kv_heads, MAX_GRID_YZ, "KV heads")?,
+        grid_dim(num_partitions, MAX_GRID_YZ, "partitions")?,
+    );
+    let shared = 2 * PREFILL_KEY_TILE * (head_dim + PREFILL_ROW_PAD) * elem_bytes;
+    LaunchGeometry::new(grid, threads, shared as u32)
+}
+
 /// `paged_attention_merge_f32`: one block per (query head, query row), threads over head dims.
 pub fn paged_attention_merge(
     num_heads: usize,
@@ -272,6 +344,38 @@ pub fn paged_attention_merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefill_attention_takes_its_head_dims_in_16_bit_floats_and_fits_default_shared_memory() {
+        for d in PREFILL_HEAD_DIMS {
+            let g = prefill_attention(10, 2, 3, d, 2, PREFILL_ATTENTION_THREADS).unwrap();
+            assert_eq!(g.grid, (10, 2, 3));
+            assert_eq!(g.shared_mem_bytes as usize, 2 * 64 * (d + 8) * 2);
+        }
+        assert!(prefill_attention(10, 2, 1, 96, 2, PREFILL_ATTENTION_THREADS).is_err());
+        assert!(prefill_attention(10, 2, 1, 128, 4, PREFILL_ATTENTION_THREADS).is_err());
+        assert!(prefill_attention(0, 2, 1, 128, 2, PREFILL_ATTENTION_THREADS).is_err());
+        assert_eq!(prefill_tile_rows(PREFILL_ATTENTION_THREADS), 64);
+        assert_eq!(prefill_tile_rows(MIN_THREADS), 16);
+    }
+
+    #[test]
+    fn prefill_attention_splits_only_a_small_grid_over_a_long_context() {
+        // A 40-token question over a 32k prefix on the 1.5B shape: 4 tiles x 2 KV heads.
+        assert_eq!(prefill_attention_partitions(4, 2, 40, 12, 128, 32_040), 63);
+        // A 2k chunk: 192 tiles x 2 KV heads fill the GPU unsplit.
+        assert_eq!(
+            prefill_attention_partitions(192, 2, 2048, 12, 128, 34_000),
+            1
+        );
+        // A context of one partition has nothing to split.
+        assert_eq!(prefill_attention_partitions(4, 2, 40, 12, 128, 512), 1);
+        // Partial results past the byte bound run unsplit.
+        assert_eq!(
+            prefill_attention_partitions(100, 1, 1500, 12, 128, 200_000),
+            1
+        );
+    }
 
     #[test]
     fn block_sizes_are_whole_warps() {

@@ -72,6 +72,25 @@ impl PagedAttentionMetadata {
         }
     }
 
+    /// The query tiles of `prefill_attention` for `group` query heads per KV head and
+    /// `tile_rows` (row, head) pairs a tile ([`crate::launch::prefill_tile_rows`]): each
+    /// sequence's `query_len · group` pairs cut into tiles, each tile as three words (the
+    /// sequence's first query row, its number of query rows, the tile's first pair). A
+    /// sequence's tiles are listed last first: those attend the most keys, and blocks start in
+    /// grid order, so the longest run first.
+    pub fn prefill_tiles(&self, group: usize, tile_rows: usize) -> Vec<u32> {
+        let mut tiles = Vec::new();
+        let mut first_row = 0;
+        for &qlen in &self.query_lens {
+            let pairs = qlen * group;
+            for tile in (0..pairs.div_ceil(tile_rows.max(1))).rev() {
+                tiles.extend([first_row as u32, qlen as u32, (tile * tile_rows) as u32]);
+            }
+            first_row += qlen;
+        }
+        tiles
+    }
+
     fn validate_rows(&self, num_tokens: usize) -> Result<()> {
         let bad = |m: String| Err(OpsError::InvalidArgument(m));
         let n = self.block_tables.len();
@@ -327,7 +346,24 @@ pub struct PagedAttentionPlan {
     num_blocks: usize,
     num_tokens: usize,
     device_rows: Option<DeviceRows>,
+    /// The uploaded `prefill_attention` tiles, made by the first layer that runs the kernel.
+    prefill_tiles: std::sync::OnceLock<PrefillTiles>,
 }
+
+/// [`PagedAttentionMetadata::prefill_tiles`] on the device, for one query-group size.
+#[derive(Debug, Clone)]
+pub struct PrefillTiles {
+    /// Query heads per KV head the tiles were cut for.
+    pub group: usize,
+    /// `[num_tiles, 3]` u32.
+    pub tiles: Tensor,
+    pub num_tiles: usize,
+}
+
+/// Environment variable that picks the CUDA attention of prefill steps: `rows` runs the row
+/// kernel (`paged_attention`, also used for decode) instead of the tensor-core
+/// `prefill_attention`, for comparisons on the GPU.
+pub const PREFILL_ATTENTION_ENV: &str = "TRIAGE_PREFILL_ATTENTION";
 
 /// [`KernelRows`] as `u32` tensors on the device (what the CUDA kernel reads).
 #[derive(Debug, Clone)]
@@ -363,7 +399,47 @@ impl PagedAttentionPlan {
             num_blocks,
             num_tokens,
             device_rows,
+            prefill_tiles: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The tiles for `prefill_attention` when a CUDA step should run it: some sequence queries
+    /// more than one row (a prefill chunk), the caches are f16 or bf16 with a head dim the
+    /// kernel is built for and start on a 16-byte boundary, and [`PREFILL_ATTENTION_ENV`] does
+    /// not ask for the row kernel. Uploaded once per plan.
+    fn prefill_tiles_for(&self, q: &Tensor, k_cache: &Tensor) -> Result<Option<&PrefillTiles>> {
+        let (_, num_heads, head_dim) = q.dims3()?;
+        let (_, _, kv_heads, _) = k_cache.dims4()?;
+        let group = num_heads / kv_heads;
+        let half = matches!(k_cache.dtype(), DType::F16 | DType::BF16);
+        let aligned = k_cache.layout().start_offset().is_multiple_of(8);
+        let chosen = std::env::var(PREFILL_ATTENTION_ENV).map_or(true, |v| v.trim() != "rows");
+        if !self.meta.query_lens.iter().any(|&n| n > 1)
+            || !half
+            || !aligned
+            || !crate::launch::PREFILL_HEAD_DIMS.contains(&head_dim)
+            || !chosen
+        {
+            return Ok(None);
+        }
+        if let Some(tiles) = self.prefill_tiles.get() {
+            return if tiles.group == group {
+                Ok(Some(tiles))
+            } else {
+                Err(OpsError::InvalidArgument(format!(
+                    "a plan tiled for groups of {} used with groups of {group}",
+                    tiles.group
+                )))
+            };
+        }
+        let rows = crate::launch::prefill_tile_rows(crate::launch::PREFILL_ATTENTION_THREADS);
+        let words = self.meta.prefill_tiles(group, rows);
+        let tiles = PrefillTiles {
+            group,
+            num_tiles: words.len() / 3,
+            tiles: crate::step_graph::upload_u32(&words, q.device(), "prefill tiles")?,
+        };
+        Ok(Some(self.prefill_tiles.get_or_init(|| tiles)))
     }
 
     pub fn metadata(&self) -> &PagedAttentionMetadata {
@@ -393,9 +469,11 @@ pub fn paged_attention(
 
 /// [`paged_attention`] through a plan made for this cache. On the CPU (caches in f32, f16 or
 /// bf16) prefill and decode rows alike run [`crate::flash_attention`], which reads each key
-/// through the block table in place. CUDA tensors (caches in f32, f16 or bf16) run the kernels
-/// of `kernels/paged_attention.cu` ([`crate::cuda::paged_attention_cuda`]) on the plan's
-/// uploaded rows.
+/// through the block table in place. CUDA tensors run, for a step with a prefill chunk over f16
+/// or bf16 caches, the tensor-core kernel of `kernels/prefill_attention.cu`
+/// ([`crate::cuda::prefill_attention_cuda`]); otherwise (decode steps, f32 caches, other head
+/// dims) the row kernel of `kernels/paged_attention.cu`
+/// ([`crate::cuda::paged_attention_cuda`]), both on the plan's uploaded rows.
 pub fn paged_attention_planned(
     q: &Tensor,
     k_cache: &Tensor,
@@ -416,6 +494,9 @@ pub fn paged_attention_planned(
         let rows = plan.device_rows.as_ref().ok_or_else(|| {
             OpsError::InvalidArgument("paged_attention: a CPU plan for CUDA tensors".into())
         })?;
+        if let Some(tiles) = plan.prefill_tiles_for(q, k_cache)? {
+            return crate::cuda::prefill_attention_cuda(q, k_cache, v_cache, rows, tiles);
+        }
         return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
     }
     let meta = &plan.meta;

@@ -414,3 +414,35 @@ mod cuda {
         }
     }
 }
+
+/// `prefill_attention`'s tiles name every (row, head) pair of every sequence exactly once, stay
+/// inside their sequence, and list a sequence's tiles last first (the longest key ranges start
+/// first).
+#[test]
+fn prefill_tiles_cover_every_row_and_head_once_last_tile_first() {
+    let meta = PagedAttentionMetadata {
+        block_size: 16,
+        block_tables: vec![vec![0; 60], vec![1], vec![2; 2]],
+        seq_lens: vec![937, 9, 20],
+        query_lens: vec![37, 1, 20],
+    };
+    for (group, tile_rows) in [(1, 16), (6, 64), (7, 16)] {
+        let tiles = meta.prefill_tiles(group, tile_rows);
+        let mut seen = vec![0u32; 58 * group];
+        let mut first_pairs: Vec<(u32, u32)> = Vec::new();
+        for t in tiles.chunks(3) {
+            let (first, rows, m) = (t[0], t[1], t[2] as usize);
+            first_pairs.push((first, t[2]));
+            for pair in m..(m + tile_rows).min(rows as usize * group) {
+                seen[first as usize * group + pair] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "group {group}: {seen:?}");
+        let seq0: Vec<u32> = first_pairs
+            .iter()
+            .filter(|p| p.0 == 0)
+            .map(|p| p.1)
+            .collect();
+        assert!(seq0.windows(2).all(|w| w[0] > w[1]), "{seq0:?}");
+    }
+}

@@ -8,6 +8,7 @@ mod entropy_window;
 mod inputs;
 mod logits_reduce;
 mod paged_attention;
+mod prefill_attention;
 mod reshape_and_cache;
 mod rms_norm;
 mod rope_and_cache;

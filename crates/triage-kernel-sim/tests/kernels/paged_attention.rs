@@ -18,19 +18,19 @@ const REL: f32 = 1e-3;
 
 /// Query heads sharing each KV head (grouped-query attention): 12 is more than one block serves.
 const GROUPS: [usize; 4] = [1, 2, 7, 12];
-const KV_HEADS: usize = 2;
+pub(crate) const KV_HEADS: usize = 2;
 
 /// The cache's row and block sizes of one case.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    head_dim: usize,
-    block_size: usize,
+pub(crate) struct Dims {
+    pub(crate) head_dim: usize,
+    pub(crate) block_size: usize,
     /// Offset the caches by one element from the allocation, so their rows are not 16-byte
     /// aligned and the kernel reads them element by element.
-    misaligned: bool,
+    pub(crate) misaligned: bool,
     /// Size the grid for this many keys and widen the block tables to match (padding with
     /// block 0), as a captured decode step does for the longest context it may meet.
-    grid_context: Option<usize>,
+    pub(crate) grid_context: Option<usize>,
 }
 
 const DIMS: Dims = Dims {
@@ -41,13 +41,13 @@ const DIMS: Dims = Dims {
 };
 
 /// One step: per sequence, (context length after the step, query rows this step).
-struct Step {
-    seqs: Vec<(usize, usize)>,
+pub(crate) struct Step {
+    pub(crate) seqs: Vec<(usize, usize)>,
 }
 
 /// Block tables over shuffled block ids; every slot no sequence owns holds NaN, so a read past
 /// a sequence's context poisons its output.
-fn build(
+pub(crate) fn build(
     rng: &mut StdRng,
     step: &Step,
     groups: usize,
