@@ -545,6 +545,29 @@ fn bench(command: BenchCommand) -> Result<()> {
                 );
             }
         }
+        BenchCommand::Escalate {
+            model,
+            lc_model,
+            prefix_tokens,
+            tau,
+            answer_tokens,
+            json,
+            device,
+        } => {
+            let r = cli::bench_escalate::run(&cli::bench_escalate::EscalateBenchConfig {
+                model,
+                lc_model,
+                device,
+                prefix_tokens,
+                tau,
+                answer_tokens,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("{}", cli::bench_escalate::summary(&r));
+            }
+        }
         BenchCommand::Decode {
             model,
             concurrency,

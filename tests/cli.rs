@@ -323,6 +323,62 @@ fn bench_commands_print_their_json_shapes() {
     );
 }
 
+/// `bench escalate` on a tiny model with room for a 1k-token corpus: the RAG answer escalates
+/// (τ = 0), and the long-context model reads the pinned prefix from its cache, prefilling only
+/// the question.
+#[test]
+fn bench_escalate_hands_the_question_to_the_pinned_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny-2k.gguf");
+    // Llama's fixture has its own LM head: a Qwen fixture's tied head repeats the prompt's last
+    // token ("\n"), an answer without content, which escalates for that reason instead of τ.
+    let spec = TinySpec {
+        context_length: 2048,
+        ..TinySpec::new(Architecture::Llama)
+    };
+    write_tiny_gguf(&path, &spec, GgmlDType::Q8_0).unwrap();
+    let model = path.to_string_lossy().into_owned();
+    let out = triage(&[
+        "bench",
+        "escalate",
+        "--model",
+        &model,
+        "--lc-model",
+        &model,
+        "--prefix-tokens",
+        "1024",
+        "--answer-tokens",
+        "4",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["escalated"], true, "{v}");
+    assert_eq!(v["device"], "cpu");
+    assert_eq!((&v["model"], &v["lc_model"]), (&v["model"], &v["model"]));
+    assert!(v["handoff_ms"].is_number(), "{v}");
+    let field = |name: &str| v[name].as_u64().unwrap();
+    let prefix = field("prefix_tokens");
+    let reused = field("prefix_blocks_reused");
+    let prefilled = field("tokens_prefilled_on_escalation");
+    assert!(prefix > 512 && prefix <= 1024, "{v}");
+    // Every pinned block came from the cache; the question was all that was computed.
+    assert_eq!(field("pinned_tokens"), prefix / 16 * 16, "{v}");
+    assert_eq!(reused * field("block_size"), field("pinned_tokens"), "{v}");
+    assert!(reused > 0 && prefilled < prefix, "{v}");
+    assert_eq!(
+        field("lc_cached_tokens") + prefilled,
+        field("lc_prompt_tokens")
+    );
+    // τ decided, mid-answer.
+    assert!(v["mean_entropy"].as_f64().unwrap() > v["tau"].as_f64().unwrap());
+    assert!(v["reason"].as_str().unwrap().contains("τ"), "{v}");
+}
+
 #[test]
 fn serve_answers_then_exits_cleanly_on_sigterm() {
     use std::io::{BufRead, BufReader, Read, Write};

@@ -360,6 +360,31 @@ pub enum BenchCommand {
         #[arg(long, default_value = "cpu")]
         device: DeviceSpec,
     },
+    /// One escalation end to end: a corpus prefix pinned on the long-context model, a RAG
+    /// answer on the base model over τ, and the long-context model answering over the pinned
+    /// prefix; times the handoff (escalation decision to the long-context model's first token).
+    Escalate {
+        /// The base model (a default model's name, a GGUF file or a safetensors folder).
+        #[arg(long)]
+        model: String,
+        /// The long-context model; may name the base model, which then plays both roles.
+        #[arg(long)]
+        lc_model: String,
+        /// Tokens of the synthetic corpus prefix to pin.
+        #[arg(long, default_value_t = 2048)]
+        prefix_tokens: usize,
+        /// The entropy threshold; 0 escalates any answer whose first tokens are not certain.
+        #[arg(long, default_value_t = 0.0)]
+        tau: f32,
+        /// Tokens each answer may take.
+        #[arg(long, default_value_t = 16)]
+        answer_tokens: usize,
+        #[arg(long)]
+        json: bool,
+        /// `cpu`, `cuda` or `cuda:N`.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceSpec,
+    },
     /// Aggregate decode tokens/s at each concurrency.
     Decode {
         #[arg(long)]

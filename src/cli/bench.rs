@@ -56,14 +56,14 @@ fn filler(model: &Model, n: usize, seed: usize) -> Result<Vec<u32>> {
     Ok((0..n).map(|i| base[(i + seed * 7) % base.len()]).collect())
 }
 
-fn engine(
-    model: &Arc<Model>,
+/// The benchmarks' engine: room for `num_tokens`, prefix caching on, 4,096-token steps.
+pub(super) fn engine_config(
     num_tokens: usize,
     max_num_seqs: usize,
     cuda_graphs: bool,
-) -> Result<LlmEngine> {
+) -> EngineConfig {
     let block_size = 16;
-    let config = EngineConfig {
+    EngineConfig {
         kv_budget: KvBudget::Blocks(num_tokens.div_ceil(block_size) + 8),
         block_size,
         max_num_batched_tokens: 4096,
@@ -71,7 +71,16 @@ fn engine(
         prefix_caching: true,
         cuda_graphs,
         ..EngineConfig::default()
-    };
+    }
+}
+
+fn engine(
+    model: &Arc<Model>,
+    num_tokens: usize,
+    max_num_seqs: usize,
+    cuda_graphs: bool,
+) -> Result<LlmEngine> {
+    let config = engine_config(num_tokens, max_num_seqs, cuda_graphs);
     Ok(LlmEngine::new(model.clone(), config)?)
 }
 

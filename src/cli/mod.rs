@@ -3,6 +3,7 @@
 pub mod args;
 pub mod ask;
 pub mod bench;
+pub mod bench_escalate;
 pub mod bench_retrieval;
 pub mod bench_route;
 pub mod calibrate;

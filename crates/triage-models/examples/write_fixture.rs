@@ -3,6 +3,7 @@
 //! load the same weights, of a real model's shape, without any real weights travelling.
 //!
 //!   write_fixture --shape tiny|qwen2.5-0.5b|qwen2.5-1.5b --dtype bf16|f32 --out DIR
+//!                 [--context-length N]   (the tiny shape's 512 holds no long-context corpus)
 
 use candle_core::DType;
 use triage_models::config::Architecture;
@@ -10,6 +11,7 @@ use triage_models::fixtures::{write_tiny_safetensors, TinySpec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut shape, mut dtype, mut out) = ("tiny".to_string(), DType::BF16, None);
+    let mut context_length = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -23,14 +25,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "--out" => out = Some(std::path::PathBuf::from(value()?)),
+            "--context-length" => context_length = Some(value()?.parse::<usize>()?),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
     let out = out.ok_or("--out DIR is required")?;
-    let spec = match shape.as_str() {
+    let mut spec = match shape.as_str() {
         "tiny" => TinySpec::new(Architecture::Qwen2),
         name => TinySpec::real_shape(name).ok_or(format!("unknown shape {name}"))?,
     };
+    if let Some(n) = context_length {
+        spec.context_length = n;
+    }
     let start = std::time::Instant::now();
     write_tiny_safetensors(&out, &spec, dtype)?;
     eprintln!(
