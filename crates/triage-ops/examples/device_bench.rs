@@ -1,7 +1,8 @@
 //! The device check's kernel microbenchmarks, ratios measured in one run: the fused logits
-//! reduction against the device-to-device copy bandwidth and against candle's unfused chain, and
-//! paged-attention decode against the bytes of KV it must read. Prints one JSON object per case,
-//! then a table.
+//! reduction against the device-to-device copy bandwidth and against candle's unfused chain,
+//! paged-attention decode against the bytes of KV it must read, and prefill attention (the
+//! tensor-core kernel) in causal TFLOP/s against the row kernel prefill ran before. Prints one
+//! JSON object per case, then a table.
 //!
 //!   device_bench --device cuda            # the H200 sizes
 //!   device_bench --device cpu --quick     # the dry run: small sizes, same code
@@ -17,7 +18,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, D};
 use triage_ops::logits_reduce_packed;
 use triage_ops::paged_attention::{
-    paged_attention_planned, PagedAttentionMetadata, PagedAttentionPlan,
+    paged_attention_planned, paged_attention_rows, PagedAttentionMetadata, PagedAttentionPlan,
 };
 
 /// The Qwen2.5 1.5B attention shape (12 query heads over 2 KV heads of 128).
@@ -169,6 +170,64 @@ fn decode_case(a: &Args, seq_len: usize, runs: usize, copy_gbps: f64) -> Result<
     }))
 }
 
+/// The attention shapes prefill is measured on: (name, query heads, KV heads, head dim).
+const PREFILL_SHAPES: [(&str, usize, usize, usize); 2] =
+    [("0.5B", 14, 2, 64), ("1.5B", 12, 2, 128)];
+
+/// Causal prefill attention of one `n`-token sequence whose K/V are cached: the plan's kernel
+/// (`prefill_attention` on a GPU, `flash_attention` on the CPU) in TFLOP/s (4 · head_dim FLOPs
+/// per head and (query, key ≤ query) pair), and for `n` up to 8k the row kernel on the same
+/// inputs, with the largest difference between the two.
+fn prefill_case(
+    a: &Args,
+    (name, heads, kv_heads, head_dim): (&str, usize, usize, usize),
+    n: usize,
+    runs: usize,
+) -> Result<serde_json::Value> {
+    let dtype = if a.device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    };
+    let num_blocks = n.div_ceil(BLOCK_SIZE) + 1;
+    let shape = (num_blocks, BLOCK_SIZE, kv_heads, head_dim);
+    let k = Tensor::randn(0f32, 1.0, shape, &a.device)?.to_dtype(dtype)?;
+    let v = Tensor::randn(0f32, 1.0, shape, &a.device)?.to_dtype(dtype)?;
+    let q = Tensor::randn(0f32, 1.0, (n, heads, head_dim), &a.device)?.to_dtype(dtype)?;
+    let meta = PagedAttentionMetadata {
+        block_size: BLOCK_SIZE,
+        block_tables: vec![(1..num_blocks as u32).collect()],
+        seq_lens: vec![n],
+        query_lens: vec![n],
+    };
+    let plan = PagedAttentionPlan::new(meta, num_blocks, &a.device)?;
+    let secs = time(&a.device, runs, || {
+        paged_attention_planned(&q, &k, &v, &plan)?;
+        Ok(())
+    })?;
+    let flops = 4.0 * (head_dim * heads) as f64 * (n * (n + 1) / 2) as f64;
+    let mut row = serde_json::json!({
+        "case": format!("prefill attention {name} shape ({heads}/{kv_heads} heads, d {head_dim}) {n} tokens {dtype:?}"),
+        "shape": name,
+        "tokens": n,
+        "ms": secs * 1e3,
+        "tflops": flops / secs / 1e12,
+    });
+    if let (Some(rows), true) = (plan.device_rows(), n <= 8192) {
+        let row_secs = time(&a.device, runs.min(3), || {
+            paged_attention_rows(&q, &k, &v, rows)?;
+            Ok(())
+        })?;
+        let fast = paged_attention_planned(&q, &k, &v, &plan)?;
+        let slow = paged_attention_rows(&q, &k, &v, rows)?;
+        let diff = (fast - slow)?.abs()?.flatten_all()?.max(D::Minus1)?;
+        row["row_kernel_ms"] = (row_secs * 1e3).into();
+        row["speedup_over_row_kernel"] = (row_secs / secs).into();
+        row["max_abs_diff_vs_row_kernel"] = diff.to_scalar::<f32>()?.into();
+    }
+    Ok(row)
+}
+
 fn main() -> Result<()> {
     let a = args()?;
     let runs = if a.quick { 3 } else { 20 };
@@ -188,6 +247,15 @@ fn main() -> Result<()> {
         let row = decode_case(&a, len, runs, copy_gbps)?;
         println!("{row}");
         rows.push(row);
+    }
+    let prefill_lens: &[usize] = if a.quick { &[64] } else { &[2048, 8192, 32768] };
+    let mut prefill_rows = Vec::new();
+    for shape in PREFILL_SHAPES {
+        for &n in prefill_lens {
+            let row = prefill_case(&a, shape, n, runs)?;
+            println!("{row}");
+            prefill_rows.push(row);
+        }
     }
     println!("\n| case | time (ms) | GB/s | of copy bandwidth | other |");
     println!("|---|---|---|---|---|");
@@ -209,6 +277,20 @@ fn main() -> Result<()> {
             r["ms"].as_f64().unwrap_or(f64::NAN),
             r["kv_gbps"].as_f64().unwrap_or(f64::NAN),
             100.0 * r["fraction_of_copy_bandwidth"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    println!("\n| case | time (ms) | TFLOP/s | row kernel (ms) | speedup | max diff |");
+    println!("|---|---|---|---|---|---|");
+    for r in &prefill_rows {
+        let f = |key: &str| r[key].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {} | {:.3} | {:.1} | {:.3} | {:.1}x | {:.2e} |",
+            r["case"].as_str().unwrap_or(""),
+            f("ms"),
+            f("tflops"),
+            f("row_kernel_ms"),
+            f("speedup_over_row_kernel"),
+            f("max_abs_diff_vs_row_kernel"),
         );
     }
     Ok(())

@@ -363,6 +363,100 @@ mod cuda {
         }
     }
 
+    /// One sequence per entry of `seq_lens` (random K/V in a NaN cache), `query_lens` rows
+    /// each, at a model's attention shape.
+    fn shaped_scenario(
+        seed: u64,
+        (heads, kv_heads, head_dim, block_size): (usize, usize, usize, usize),
+        seq_lens: Vec<usize>,
+        query_lens: Vec<usize>,
+    ) -> (Tensor, Tensor, Tensor, PagedAttentionMetadata) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let num_blocks = seq_lens
+            .iter()
+            .map(|l| l.div_ceil(block_size))
+            .sum::<usize>()
+            + 2;
+        let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+        free.shuffle(&mut rng);
+        let block_tables: Vec<Vec<u32>> = seq_lens
+            .iter()
+            .map(|&len| {
+                (0..len.div_ceil(block_size))
+                    .map(|_| free.pop().unwrap())
+                    .collect()
+            })
+            .collect();
+        let row = kv_heads * head_dim;
+        let mut k = vec![f32::NAN; num_blocks * block_size * row];
+        let mut v = k.clone();
+        for (table, &len) in block_tables.iter().zip(&seq_lens) {
+            for pos in 0..len {
+                let slot = slot_of(table, block_size, pos) as usize;
+                k[slot * row..(slot + 1) * row].copy_from_slice(&randn(&mut rng, row));
+                v[slot * row..(slot + 1) * row].copy_from_slice(&randn(&mut rng, row));
+            }
+        }
+        let shape = (num_blocks, block_size, kv_heads, head_dim);
+        let n: usize = query_lens.iter().sum();
+        let q = randn(&mut rng, n * heads * head_dim);
+        let meta = PagedAttentionMetadata {
+            block_size,
+            block_tables,
+            seq_lens,
+            query_lens,
+        };
+        (
+            Tensor::from_vec(q, (n, heads, head_dim), &Device::Cpu).unwrap(),
+            Tensor::from_vec(k, shape, &Device::Cpu).unwrap(),
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap(),
+            meta,
+        )
+    }
+
+    /// The tensor-core prefill kernel (picked by the plan for f16/bf16 prefill steps at head dims
+    /// 64 and 128) against the CPU op on the same rounded values and against the row kernel on
+    /// the same device tensors: split (a chunk and a question over a long prefix) and unsplit (a
+    /// 3k-token prompt). P is rounded to the input type before the PV product, so the bound is
+    /// four of the type's relative steps (outputs are means of values up to ~2 in magnitude).
+    #[test]
+    fn prefill_attention_matches_cpu_and_the_row_kernel() {
+        let dev = gpu();
+        let cases = [
+            shaped_scenario(21, (12, 2, 128, 16), vec![737, 45, 20], vec![37, 1, 20]),
+            shaped_scenario(22, (14, 2, 64, 16), vec![3000], vec![3000]),
+            shaped_scenario(23, (12, 2, 128, 16), vec![32_040], vec![40]),
+        ];
+        for (i, (q, k, v, meta)) in cases.iter().enumerate() {
+            for (dtype, step) in [(DType::F16, 2f32.powi(-11)), (DType::BF16, 2f32.powi(-8))] {
+                let (q_r, k_r, v_r) = (rounded(q, dtype), rounded(k, dtype), rounded(v, dtype));
+                let want = paged_attention(&q_r, &k_r, &v_r, meta).unwrap();
+                let to_gpu = |t: &Tensor| t.to_dtype(dtype).unwrap().to_device(&dev).unwrap();
+                let (q_g, k_g, v_g) = (to_gpu(q), to_gpu(k), to_gpu(v));
+                let plan = PagedAttentionPlan::new(meta.clone(), k.dim(0).unwrap(), &dev).unwrap();
+                let got = paged_attention_planned(&q_g, &k_g, &v_g, &plan).unwrap();
+                let rows = plan.device_rows().unwrap();
+                let by_rows = paged_attention_rows(&q_g, &k_g, &v_g, rows).unwrap();
+                let got = got.to_device(&Device::Cpu).unwrap();
+                let by_rows = by_rows.to_device(&Device::Cpu).unwrap();
+                let bound = 4.0 * 2.0 * step + 1e-3;
+                let (vs_cpu, vs_rows) = (max_abs_diff(&got, &want), max_abs_diff(&got, &by_rows));
+                assert!(
+                    vs_cpu < bound,
+                    "case {i} {dtype:?}: {vs_cpu} from the CPU op"
+                );
+                assert!(
+                    vs_rows < bound,
+                    "case {i} {dtype:?}: {vs_rows} from the row kernel"
+                );
+                assert!(
+                    max_abs_diff(&by_rows, &want) < CUDA_TOL,
+                    "case {i} {dtype:?}: row kernel"
+                );
+            }
+        }
+    }
+
     #[test]
     fn reshape_and_cache_matches_cpu_and_checks_slots_before_writing() {
         let dev = gpu();
