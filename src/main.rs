@@ -532,10 +532,17 @@ fn bench(command: BenchCommand) -> Result<()> {
             model,
             prefix_tokens,
             question_tokens,
+            prompt_ids,
             json,
             device,
         } => {
-            let r = cli::bench::prefix(&load(&model, device)?, prefix_tokens, question_tokens)?;
+            let model = load(&model, device)?;
+            let r = cli::bench::prefix(
+                &model,
+                prefix_tokens,
+                question_tokens,
+                prompt_ids.as_deref(),
+            )?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {

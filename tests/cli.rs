@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use candle_core::quantized::GgmlDType;
 use triage_models::config::Architecture;
-use triage_models::fixtures::{write_tiny_gguf, TinySpec};
+use triage_models::fixtures::{write_tiny_gguf, TinySpec, TINY_VOCAB};
 
 fn triage(args: &[&str]) -> Output {
     triage_env(args, &[])
@@ -271,6 +271,7 @@ fn models_in_the_hugging_face_cache_resolve_by_repo_and_file() {
 fn bench_commands_print_their_json_shapes() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(&dir);
+    let ids_path = dir.path().join("prompt.json");
     let out = triage(&[
         "bench",
         "prefix",
@@ -280,6 +281,8 @@ fn bench_commands_print_their_json_shapes() {
         "64",
         "--question-tokens",
         "8",
+        "--prompt-ids",
+        ids_path.to_str().unwrap(),
         "--json",
     ]);
     assert!(
@@ -294,6 +297,13 @@ fn bench_commands_print_their_json_shapes() {
     );
     assert!(cold > 0.0 && cached > 0.0);
     assert!((v["speedup"].as_f64().unwrap() - cold / cached).abs() < 1e-6);
+    // The cold prompt, for a peer to run, and the token the engine took from it.
+    let ids: Vec<u32> = serde_json::from_slice(&std::fs::read(&ids_path).unwrap()).unwrap();
+    assert_eq!(ids.len(), 64 + 8);
+    let first = &v["cold_first_token"];
+    assert!(first["id"].as_u64().unwrap() < TINY_VOCAB as u64);
+    assert!(first["logprob"].as_f64().unwrap() <= 0.0);
+    assert!(first["entropy"].as_f64().unwrap() >= 0.0);
     let out = triage(&[
         "bench",
         "decode",

@@ -354,6 +354,10 @@ pub enum BenchCommand {
         prefix_tokens: usize,
         #[arg(long, default_value_t = 32)]
         question_tokens: usize,
+        /// Write the cold prompt's token ids (a JSON array) here, for a peer to run the same
+        /// prompt and compare its logits with the first token reported.
+        #[arg(long)]
+        prompt_ids: Option<std::path::PathBuf>,
         #[arg(long)]
         json: bool,
         /// `cpu`, `cuda` or `cuda:N`.

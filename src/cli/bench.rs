@@ -1,10 +1,11 @@
 //! `triage bench prefix` and `triage bench decode`: time-to-first-token after a shared prefix
 //! (cold vs cached) and aggregate decode throughput under concurrency, through `LlmEngine`.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
 use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, StreamEvent};
@@ -19,6 +20,17 @@ pub struct PrefixBench {
     pub cold_ttft_ms: f64,
     pub cached_ttft_ms: f64,
     pub speedup: f64,
+    /// The cold request's greedy first token: a peer given the same prompt ids
+    /// (`--prompt-ids`) compares its last-position logits with it.
+    pub cold_first_token: FirstToken,
+}
+
+/// A request's first token, as the engine sampled it from the raw distribution.
+#[derive(Debug, Serialize)]
+pub struct FirstToken {
+    pub id: u32,
+    pub logprob: f32,
+    pub entropy: f32,
 }
 
 /// Aggregate decode rate at one concurrency.
@@ -84,18 +96,27 @@ fn engine(
     Ok(LlmEngine::new(model.clone(), config)?)
 }
 
-/// Time from submission to the first streamed token of one request.
-fn ttft(engine: &mut LlmEngine, request: &GenerateRequest) -> Result<f64> {
+/// Time from submission to the first streamed token of one request, and that token.
+fn ttft(engine: &mut LlmEngine, request: &GenerateRequest) -> Result<(f64, FirstToken)> {
     let start = Instant::now();
     let (_, rx) = engine.add_request(request)?;
     loop {
         engine.step()?;
-        if rx.try_iter().any(|e| matches!(e, StreamEvent::Token(..))) {
+        let first = rx.try_iter().find_map(|e| match e {
+            StreamEvent::Token(t, _) => Some(t),
+            _ => None,
+        });
+        if let Some(t) = first {
             let ms = start.elapsed().as_secs_f64() * 1e3;
             while engine.has_unfinished() {
                 engine.step()?;
             }
-            return Ok(ms);
+            let token = FirstToken {
+                id: t.id,
+                logprob: t.logprob,
+                entropy: t.entropy,
+            };
+            return Ok((ms, token));
         }
         if !engine.has_unfinished() {
             bail!("request finished without a token");
@@ -103,23 +124,31 @@ fn ttft(engine: &mut LlmEngine, request: &GenerateRequest) -> Result<f64> {
     }
 }
 
+/// Cold and cached TTFT of two questions after one prefix; the cold prompt's ids are written to
+/// `prompt_ids` (a JSON array) when given.
 pub fn prefix(
     model: &Arc<Model>,
     prefix_tokens: usize,
     question_tokens: usize,
+    prompt_ids: Option<&Path>,
 ) -> Result<PrefixBench> {
     let prefix = filler(model, prefix_tokens, 0)?;
     let q1 = [prefix.clone(), filler(model, question_tokens, 1)?].concat();
     let q2 = [prefix, filler(model, question_tokens, 2)?].concat();
+    if let Some(path) = prompt_ids {
+        std::fs::write(path, serde_json::to_string(&q1)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     let mut engine = engine(model, 2 * (prefix_tokens + question_tokens) + 64, 4, false)?;
-    let cold = ttft(&mut engine, &greedy(q1, 1))?;
-    let cached = ttft(&mut engine, &greedy(q2, 1))?;
+    let (cold, first) = ttft(&mut engine, &greedy(q1, 1))?;
+    let (cached, _) = ttft(&mut engine, &greedy(q2, 1))?;
     Ok(PrefixBench {
         prefix_tokens,
         question_tokens,
         cold_ttft_ms: cold,
         cached_ttft_ms: cached,
         speedup: cold / cached,
+        cold_first_token: first,
     })
 }
 
