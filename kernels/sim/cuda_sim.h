@@ -18,7 +18,9 @@
 // launches from several OS threads are serialised by a mutex (static __shared__ memory is a
 // single global copy). Between synchronisation points each thread runs until it blocks at a
 // barrier or warp operation, or exits; fibers switch only there, so plain read-modify-write is
-// atomic.
+// atomic. In the forward and reverse orders the warps of a block also run one at a time from
+// one __syncthreads to the next (first warp first, or last first), so a warp that races ahead
+// of another between barriers does; the random order keeps them in step.
 //
 // Checks (the launch stops and returns an error naming block, thread, operation and file:line):
 //   - __syncthreads reached by only part of the block: other threads exited, wait at a different

@@ -297,7 +297,7 @@ inline bool complete_warp_op(Launch& L, Fiber* w, unsigned mask) {
 // Per warp, when every live fiber is blocked: reports the errors no further running can cure in
 // its warp operations (a named lane has exited, or waits at the same operation with another
 // mask), then completes every operation all of whose lanes have arrived.
-inline bool advance_warp(Launch& L, Fiber* w, unsigned lanes, bool& progress) {
+inline bool advance_warp(Launch& L, Fiber* w, unsigned lanes, bool& progress, bool may_complete) {
   unsigned exited = 0, waiting = 0, ready[32], num_ready = 0;
   for (unsigned lane = 0; lane < lanes; ++lane) {
     if (w[lane].state == State::Exited) exited |= 1u << lane;
@@ -323,6 +323,7 @@ inline bool advance_warp(Launch& L, Fiber* w, unsigned lanes, bool& progress) {
     waiting &= ~group;
     if (group == f.mask) ready[num_ready++] = group;
   }
+  if (!may_complete) return true;
   for (unsigned g = 0; g < num_ready; ++g)
     if (!complete_warp_op(L, w, ready[g])) return false;
   progress |= num_ready > 0;
@@ -384,11 +385,20 @@ inline void report_deadlock(Launch& L) {
 }
 
 // Called when every live fiber is blocked. The state it looks at does not depend on the order the
-// fibers ran in, so neither does what it decides or reports.
+// fibers ran in, so neither does what it decides or reports. In the forward and reverse orders
+// warps run one at a time between block barriers: only the first warp in that order whose warp
+// operations can complete moves on, so it reaches the next __syncthreads (or exits) before the
+// others leave their last one, and a warp that writes shared memory another warp has not read
+// yet is caught. The random order moves every warp at once, in step.
 inline bool make_progress(Launch& L) {
   bool progress = false;
-  for (unsigned first = 0; first < L.num_threads; first += 32)
-    if (!advance_warp(L, L.fibers + first, std::min(32u, L.num_threads - first), progress)) return false;
+  const bool one_warp = L.config.order != Order::Random;
+  const unsigned num_warps = (L.num_threads + 31) / 32;
+  for (unsigned i = 0; i < num_warps; ++i) {
+    const unsigned first = 32 * (L.config.order == Order::Reverse ? num_warps - 1 - i : i);
+    if (!advance_warp(L, L.fibers + first, std::min(32u, L.num_threads - first), progress, !(one_warp && progress)))
+      return false;
+  }
   if (!check_barrier(L)) return false;
   if (progress || release_barrier(L)) return true;
   report_deadlock(L);

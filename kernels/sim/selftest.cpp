@@ -343,6 +343,21 @@ __global__ void mma_product(const uint16_t* a, const uint16_t* b_nk, const uint1
   }
 }
 
+// BUG: each warp reads a shared slot, then overwrites it, with no __syncthreads between the
+// other warp's read and this warp's write (warp operations in between, no block barrier).
+__global__ void race_between_warps(int* out) {
+  __shared__ int slots[32];
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (warp == 0) slots[lane] = int(lane);
+  __syncthreads();
+  const int before = __shfl_xor_sync(0xffffffffu, int(lane), 1);
+  const int v = slots[lane];
+  __syncwarp();
+  slots[lane] = 1000 + int(warp);
+  __syncwarp();
+  out[threadIdx.x] = v + (before - int(lane ^ 1));
+}
+
 // BUG: only half the warp reaches the mma.
 __global__ void mma_half_warp(float* out) {
   uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
@@ -808,6 +823,11 @@ Outcome case_race_neighbour() {
   for (int t = 0; t < 128; ++t) want[t] = (t + 1) % 128 * 2;
   return race(128, want, [](int* out) { race_neighbour(out); });
 }
+Outcome case_race_between_warps() {
+  std::vector<int> want(64);
+  for (int t = 0; t < 64; ++t) want[t] = t % 32;
+  return race(64, want, [](int* out) { race_between_warps(out); });
+}
 Outcome case_race_broadcast() { return race(64, std::vector<int>(64, 1234), [](int* out) { race_broadcast(out); }); }
 
 // Unwritten shared memory must read as the poison: different with 0xff and 0x00.
@@ -868,6 +888,7 @@ const Case kCases[] = {
     {"BUG launch from inside a kernel", Expect::LaunchError, "called from inside a kernel", case_nested_launch},
     {"BUG race: neighbour without barrier", Expect::Wrong, "", case_race_neighbour},
     {"BUG race: broadcast without barrier", Expect::Wrong, "", case_race_broadcast},
+    {"BUG race: warps apart between barriers", Expect::Wrong, "", case_race_between_warps},
     {"BUG read of unwritten shared", Expect::Wrong, "", case_unwritten},
     {"BUG cp.async read before its wait", Expect::Wrong, "", case_async_copy_unwaited},
     {"BUG mma.sync on half a warp", Expect::LaunchError, "which has exited", case_mma_half_warp},
