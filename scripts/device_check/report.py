@@ -272,8 +272,8 @@ def prefill(shape, peer_path, summary, prefix_paths, gpu=None, allow_skip=False)
 
 
 def escalate(path, summary, gpu=None):
-    """The escalation end to end: it happened, the pinned blocks were reused and only the
-    question was prefilled (judged); the handoff against the goal."""
+    """The escalation end to end: it happened on τ within the first tokens, the pinned blocks
+    were reused and only the question was prefilled (judged); the handoff against the goal."""
     r = load(path)
     step = "escalation over a pinned prefix"
     if "handoff_ms" not in r:
@@ -283,7 +283,8 @@ def escalate(path, summary, gpu=None):
     base = r["model"].rstrip("/").rsplit("/", 1)[-1]
     step = f"escalation {base} -> {lc}, {r['prefix_tokens']:,}-token pinned prefix"
     ok = (r["escalated"] and r["handoff_ms"] is not None and r["prefix_blocks_reused"] > 0
-          and r["tokens_prefilled_on_escalation"] < r["prefix_tokens"])
+          and r["tokens_prefilled_on_escalation"] < r["prefix_tokens"]
+          and "exceeded" in r["reason"])
     handoff = ("no handoff" if r["handoff_ms"] is None else f"handoff {r['handoff_ms']:.1f} ms"
                + goal_text(r["handoff_ms"], HANDOFF_GOAL_MS, card_scale(gpu), False, "ms"))
     add(summary, step,
