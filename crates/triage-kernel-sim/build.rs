@@ -36,6 +36,12 @@ fn main() {
             "-fsanitize=address,undefined",
             "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer",
+            // With both sanitizers at -O2, g++ 12.2 built prefill_attention so that some of its
+            // rows were never written, with no sanitizer report; the plain build, either
+            // sanitizer alone, -O1, and this build without value-range propagation all give the
+            // right values (and nvcc builds the GPU code). Unexplained, so the pass is off here
+            // rather than a check.
+            "-fno-tree-vrp",
         ] {
             build.flag(flag);
         }

@@ -357,20 +357,21 @@ struct At {
   }
   // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32: d += a * b (warp_matrix.h).
   void mma_m16n8k16(bool bf16, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const {
-    MatrixLane m;
-    m.a = a;
-    m.b = b;
-    m.d = d;
+    MatrixRegs& m = running_launch("mma.sync").current->matrix;
+    std::memcpy(m.a, a, sizeof m.a);
+    std::memcpy(m.b, b, sizeof m.b);
+    std::memcpy(m.d, d, sizeof m.d);
     m.bf16 = bf16;
-    arrive_and_wait(site, Op::Mma, 0xffffffffu, reinterpret_cast<uint64_t>(&m));
+    arrive_and_wait(site, Op::Mma, 0xffffffffu, 0);
+    std::memcpy(d, running_launch("mma.sync").current->matrix.d, sizeof m.d);
   }
   // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (warp_matrix.h).
   void ldmatrix_x4(uint32_t (&out)[4], const void* row, bool trans) const {
-    MatrixLane m;
+    MatrixRegs& m = running_launch("ldmatrix.sync").current->matrix;
     m.row = row;
-    m.out = out;
     m.trans = trans;
-    arrive_and_wait(site, Op::Ldmatrix, 0xffffffffu, reinterpret_cast<uint64_t>(&m));
+    arrive_and_wait(site, Op::Ldmatrix, 0xffffffffu, 0);
+    std::memcpy(out, running_launch("ldmatrix.sync").current->matrix.out, sizeof m.out);
   }
 
  private:

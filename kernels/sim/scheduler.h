@@ -88,6 +88,17 @@ inline const char* op_name(Op op) {
 }
 struct Site { const char* file; int line; };
 
+// A lane's registers for a warp matrix instruction (warp_matrix.h), copied in before it arrives
+// and out after it is released, so the scheduler never writes into a fiber's own variables.
+struct MatrixRegs {
+  uint32_t a[4], b[2];  // mma operands
+  float d[4];           // mma accumulators, in and out
+  bool bf16;
+  const void* row;      // ldmatrix: this lane's row address
+  uint32_t out[4];      // ldmatrix result
+  bool trans;
+};
+
 // One 16-byte cp.async a thread has issued and not yet waited for (warp_matrix.h).
 struct AsyncCopy {
   void* dst;
@@ -113,6 +124,7 @@ struct Fiber {
   // cp.async copies not yet performed, and the number of groups committed so far (this block).
   std::vector<AsyncCopy> copies;
   unsigned committed_groups = 0;
+  MatrixRegs matrix{};
 };
 
 inline bool same_op(const Fiber& a, const Fiber& b) {

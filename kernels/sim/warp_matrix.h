@@ -6,8 +6,10 @@
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 and ldmatrix.sync.aligned.m8n8.x4
 // [.trans].shared.b16 are warp collectives: every lane of a full warp must reach the same call
 // site (a lane elsewhere, exited, or a partial warp stops the launch, as for the shuffles). Each
-// lane hands its registers to the scheduler, which computes every lane's result once all 32 have
-// arrived, with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16",
+// lane copies its registers into its fiber's `MatrixRegs`, the scheduler computes every lane's
+// result there once all 32 have arrived, and the lane copies it back (never a write into a
+// fiber's variables behind the compiler's back: a pointer handed over that way was miscompiled
+// under ASan with UBSan's overflow checks at -O2), with the fragment layouts of the PTX ISA ("Matrix Fragments for mma.m16n8k16",
 // "ldmatrix"): with g = lane / 4 and t = lane % 4,
 //   A (16x16, row-major) a[r] holds row g + 8*(r & 1), columns 2t + 8*(r >> 1) and the next;
 //   B (16x8, column-major) b[r] holds rows 2t + 8*r and the next, column g;
@@ -29,29 +31,16 @@
 
 namespace cudasim::detail {
 
-// What one lane hands to a warp matrix instruction.
-struct MatrixLane {
-  // mma
-  const uint32_t* a = nullptr;  // 4 registers
-  const uint32_t* b = nullptr;  // 2 registers
-  float* d = nullptr;           // 4 accumulators, read and written
-  bool bf16 = false;
-  // ldmatrix
-  const void* row = nullptr;
-  uint32_t* out = nullptr;  // 4 registers
-  bool trans = false;
-};
-
 inline float element16(uint32_t reg, int half, bool bf16) {
   const uint16_t bits = uint16_t(half ? reg >> 16 : reg & 0xffffu);
   return bf16 ? bits_float(uint32_t(bits) << 16) : half_bits_to_float(bits);
 }
 
-inline bool complete_mma(Launch& L, Fiber* w, MatrixLane* const* lanes) {
+inline bool complete_mma(Launch& L, Fiber* w) {
   float a[16][16], b[16][8];
   for (unsigned lane = 0; lane < 32; ++lane) {
-    const MatrixLane& m = *lanes[lane];
-    if (m.bf16 != lanes[0]->bf16) {
+    const MatrixRegs& m = w[lane].matrix;
+    if (m.bf16 != w[0].matrix.bf16) {
       set_error(L, w[lane], "lanes disagree on the operand type");
       return false;
     }
@@ -65,29 +54,29 @@ inline bool complete_mma(Launch& L, Fiber* w, MatrixLane* const* lanes) {
     const unsigned g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; ++i) {
       const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-      float acc = lanes[lane]->d[i];
+      float acc = w[lane].matrix.d[i];
       for (int k = 0; k < 16; ++k) acc = std::fma(a[row][k], b[k][col], acc);
-      lanes[lane]->d[i] = acc;
+      w[lane].matrix.d[i] = acc;
     }
   }
   return true;
 }
 
-inline bool complete_ldmatrix(Launch& L, Fiber* w, MatrixLane* const* lanes) {
+inline bool complete_ldmatrix(Launch& L, Fiber* w) {
   const unsigned char* lo = L.dynamic->data();
   const unsigned char* hi = lo + L.dynamic->size();
   for (unsigned lane = 0; lane < 32; ++lane) {
-    const auto* p = static_cast<const unsigned char*>(lanes[lane]->row);
+    const auto* p = static_cast<const unsigned char*>(w[lane].matrix.row);
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-      set_error(L, w[lane], strf("ldmatrix: row address %p is not 16-byte aligned", lanes[lane]->row));
+      set_error(L, w[lane], strf("ldmatrix: row address %p is not 16-byte aligned", w[lane].matrix.row));
       return false;
     }
     if (p < lo || p + 16 > hi) {
       set_error(L, w[lane], strf("ldmatrix: row address %p is outside the block's %zu bytes of dynamic shared memory",
-                                 lanes[lane]->row, L.dynamic->size()));
+                                 w[lane].matrix.row, L.dynamic->size()));
       return false;
     }
-    if (lanes[lane]->trans != lanes[0]->trans) {
+    if (w[lane].matrix.trans != w[0].matrix.trans) {
       set_error(L, w[lane], "lanes disagree on .trans");
       return false;
     }
@@ -95,25 +84,20 @@ inline bool complete_ldmatrix(Launch& L, Fiber* w, MatrixLane* const* lanes) {
   // Element (row, col) of matrix i, as its 16 bits.
   auto element = [&](int i, int row, int col) {
     uint16_t bits;
-    std::memcpy(&bits, static_cast<const unsigned char*>(lanes[8 * i + row]->row) + 2 * col, 2);
+    std::memcpy(&bits, static_cast<const unsigned char*>(w[8 * i + row].matrix.row) + 2 * col, 2);
     return uint32_t(bits);
   };
-  uint32_t out[32][4];
   for (unsigned lane = 0; lane < 32; ++lane)
     for (int i = 0; i < 4; ++i) {
       const int g = int(lane) / 4, t = int(lane) % 4;
-      out[lane][i] = lanes[0]->trans ? element(i, 2 * t, g) | element(i, 2 * t + 1, g) << 16
-                                     : element(i, g, 2 * t) | element(i, g, 2 * t + 1) << 16;
+      w[lane].matrix.out[i] = w[0].matrix.trans ? element(i, 2 * t, g) | element(i, 2 * t + 1, g) << 16
+                                                : element(i, g, 2 * t) | element(i, g, 2 * t + 1) << 16;
     }
-  // Written only now: a lane's destination may alias another lane's source row.
-  for (unsigned lane = 0; lane < 32; ++lane) std::memcpy(lanes[lane]->out, out[lane], sizeof out[lane]);
   return true;
 }
 
 inline bool complete_matrix_op(Launch& L, Fiber* w) {
-  MatrixLane* lanes[32];
-  for (unsigned lane = 0; lane < 32; ++lane) lanes[lane] = reinterpret_cast<MatrixLane*>(w[lane].value);
-  return w[0].op == Op::Mma ? complete_mma(L, w, lanes) : complete_ldmatrix(L, w, lanes);
+  return w[0].op == Op::Mma ? complete_mma(L, w) : complete_ldmatrix(L, w);
 }
 
 inline void perform(const AsyncCopy& c) {
