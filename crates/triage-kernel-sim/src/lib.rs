@@ -736,16 +736,7 @@ pub fn paged_attention<T: Elem>(
             && v_cache.len() == cache_len
             && kv_heads > 0
             && num_heads.is_multiple_of(kv_heads)
-            && rows.row_seq.len() == num_rows
-            && rows.block_tables.iter().all(|&b| (b as usize) < num_blocks)
-            && rows
-                .row_seq
-                .iter()
-                .all(|&s| (s as usize + 1) * rows.max_blocks_per_seq <= rows.block_tables.len())
-            && rows
-                .row_pos
-                .iter()
-                .all(|&p| (p as usize) < rows.max_blocks_per_seq * block_size),
+            && rows_fit(rows, num_blocks, block_size),
         || {
             format!(
                 "{num_rows} rows, {} q, {} cache elements",
@@ -794,27 +785,76 @@ pub fn paged_attention<T: Elem>(
     // ids checked against the cache) and outlive the synchronous launch.
     run(|| unsafe { T::PAGED_ATTENTION(&geometry, &args) })?;
     if num_partitions > 1 {
-        let merge = launch::paged_attention_merge(num_heads, num_rows, threads)
-            .map_err(|e| SimError(e.to_string()))?;
-        let geometry = SimGeometry::from(&merge);
-        let (h, d, p) = (args.num_heads, args.head_dim, args.num_partitions);
-        #[allow(unsafe_code)]
-        // SAFETY: as above; the merge reads the partial buffers the first launch wrote.
-        run(|| unsafe {
-            sim_paged_attention_merge_f32(
-                &geometry,
-                out.as_mut_ptr(),
-                part_out.as_ptr(),
-                part_max.as_ptr(),
-                part_sum.as_ptr(),
-                rows.row_pos.as_ptr(),
-                h,
-                d,
-                p,
-            )
-        })?;
+        let parts = [&part_out[..], &part_max, &part_sum];
+        merge_partitions(&mut out, parts, rows, num_heads, head_dim, threads)?;
     }
     Ok(out)
+}
+
+/// `paged_attention_merge_f32` over the partial results `[out, max, sum]` of a split launch
+/// (`num_partitions` of them per row and head), into `out`.
+fn merge_partitions(
+    out: &mut [f32],
+    [part_out, part_max, part_sum]: [&[f32]; 3],
+    rows: &KernelRows,
+    num_heads: usize,
+    head_dim: usize,
+    threads: u32,
+) -> Result<()> {
+    let num_rows = rows.row_pos.len();
+    let num_partitions = part_max.len() / (num_rows * num_heads).max(1);
+    check(
+        out.len() == num_rows * num_heads * head_dim
+            && part_max.len() == num_rows * num_heads * num_partitions
+            && part_sum.len() == part_max.len()
+            && part_out.len() == part_max.len() * head_dim,
+        || {
+            format!(
+                "{num_rows} rows: partial buffers of {} and {}",
+                part_out.len(),
+                part_max.len()
+            )
+        },
+    )?;
+    let merge = launch::paged_attention_merge(num_heads, num_rows, threads)
+        .map_err(|e| SimError(e.to_string()))?;
+    let geometry = SimGeometry::from(&merge);
+    let (h, d, p) = (
+        c_int_of(num_heads)?,
+        c_int_of(head_dim)?,
+        c_int_of(num_partitions)?,
+    );
+    #[allow(unsafe_code)]
+    // SAFETY: the merge reads `[rows, heads, partitions(, head_dim)]` partial buffers and writes
+    // `[rows, heads, head_dim]` outputs, the lengths checked above; all outlive the launch.
+    run(|| unsafe {
+        sim_paged_attention_merge_f32(
+            &geometry,
+            out.as_mut_ptr(),
+            part_out.as_ptr(),
+            part_max.as_ptr(),
+            part_sum.as_ptr(),
+            rows.row_pos.as_ptr(),
+            h,
+            d,
+            p,
+        )
+    })
+}
+
+/// Every row's sequence has a block table, every position fits its table, and every block id
+/// lies inside a cache of `num_blocks` blocks: what the kernels cannot check.
+fn rows_fit(rows: &KernelRows, num_blocks: usize, block_size: usize) -> bool {
+    rows.row_seq.len() == rows.row_pos.len()
+        && rows.block_tables.iter().all(|&b| (b as usize) < num_blocks)
+        && rows
+            .row_seq
+            .iter()
+            .all(|&s| (s as usize + 1) * rows.max_blocks_per_seq <= rows.block_tables.len())
+        && rows
+            .row_pos
+            .iter()
+            .all(|&p| (p as usize) < rows.max_blocks_per_seq * block_size)
 }
 
 /// `prefill_attention_d<head_dim>_<dtype>` (and, with several partitions,
@@ -856,16 +896,7 @@ pub fn prefill_attention<T: HalfElem>(
             && kv_heads > 0
             && num_heads.is_multiple_of(kv_heads)
             && tiles_ok
-            && rows.row_seq.len() == num_rows
-            && rows.block_tables.iter().all(|&b| (b as usize) < num_blocks)
-            && rows
-                .row_seq
-                .iter()
-                .all(|&s| (s as usize + 1) * rows.max_blocks_per_seq <= rows.block_tables.len())
-            && rows
-                .row_pos
-                .iter()
-                .all(|&p| (p as usize) < rows.max_blocks_per_seq * block_size)
+            && rows_fit(rows, num_blocks, block_size)
             && (num_partitions == 1
                 || num_partitions >= launch::num_partitions(rows.max_context_len)),
         || {
@@ -916,25 +947,10 @@ pub fn prefill_attention<T: HalfElem>(
     // name rows inside `q`, block ids lie inside the caches) and outlive the synchronous launch.
     run(|| unsafe { launcher(&geometry, &args) })?;
     if num_partitions > 1 {
-        let merge = launch::paged_attention_merge(num_heads, num_rows, launch::MIN_THREADS)
-            .map_err(|e| SimError(e.to_string()))?;
-        let geometry = SimGeometry::from(&merge);
-        let (h, d, p) = (args.num_heads, c_int_of(head_dim)?, args.num_partitions);
-        #[allow(unsafe_code)]
-        // SAFETY: as above; the merge reads the partial buffers the first launch wrote.
-        run(|| unsafe {
-            sim_paged_attention_merge_f32(
-                &geometry,
-                out.as_mut_ptr(),
-                part_out.as_ptr(),
-                part_max.as_ptr(),
-                part_sum.as_ptr(),
-                rows.row_pos.as_ptr(),
-                h,
-                d,
-                p,
-            )
-        })?;
+        // The CUDA path merges with the row kernel's block size, so the simulator does too.
+        let parts = [&part_out[..], &part_max, &part_sum];
+        let threads = launch::PAGED_ATTENTION_THREADS;
+        merge_partitions(&mut out, parts, rows, num_heads, head_dim, threads)?;
     }
     Ok(out)
 }
