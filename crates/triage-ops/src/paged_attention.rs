@@ -413,7 +413,11 @@ impl PagedAttentionPlan {
         let group = num_heads / kv_heads;
         let half = matches!(k_cache.dtype(), DType::F16 | DType::BF16);
         let aligned = k_cache.layout().start_offset().is_multiple_of(8);
-        let chosen = std::env::var(PREFILL_ATTENTION_ENV).map_or(true, |v| v.trim() != "rows");
+        // Read once per process: every layer of every prefill step asks.
+        static CHOSEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let chosen = *CHOSEN.get_or_init(|| {
+            std::env::var(PREFILL_ATTENTION_ENV).map_or(true, |v| v.trim() != "rows")
+        });
         if !self.meta.query_lens.iter().any(|&n| n > 1)
             || !half
             || !aligned
