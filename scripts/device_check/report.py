@@ -284,6 +284,30 @@ def prefill(shape, peer_path, summary, prefix_paths, gpu=None, allow_skip=False)
         logits_row(shape, n, p, row, summary)
 
 
+# The first token's logprob through the tensor-core kernel against the row kernel, the same model
+# and prompt: P's bf16 rounding moves the attention outputs, and through 24-28 layers the logits
+# move by a few bf16 steps of a logit's magnitude (~10), as for the device-vs-CPU parity rows.
+ROW_KERNEL_LOGPROB_TOL = 0.1
+
+
+def rows_parity(shape, kernel_path, rows_path, summary):
+    """The same cold prefill with TRIAGE_PREFILL_ATTENTION=rows: the first token must be the same
+    and its logprob within ROW_KERNEL_LOGPROB_TOL (judged)."""
+    a, b = load(kernel_path), load(rows_path)
+    step = f"logits parity {shape}: tensor-core prefill vs the row kernel"
+    if "cold_first_token" not in a or "cold_first_token" not in b:
+        add(summary, step, "no result (see the .err files)", False)
+        return
+    ta, tb = a["cold_first_token"], b["cold_first_token"]
+    diff = abs(ta["logprob"] - tb["logprob"])
+    ok = ta["id"] == tb["id"] and diff <= ROW_KERNEL_LOGPROB_TOL
+    n = a["prefix_tokens"] + a["question_tokens"]
+    add(summary, step,
+        f"{n:,} tokens: first token {ta['id']} vs {tb['id']}, logprob difference {diff:.3g} "
+        f"(bound {ROW_KERNEL_LOGPROB_TOL}); row kernel cold {b['cold_ttft_ms']:.1f} ms vs "
+        f"{a['cold_ttft_ms']:.1f} ms", ok)
+
+
 def escalate(path, summary, gpu=None):
     """The escalation end to end: it happened on τ within the first tokens, the pinned blocks
     were reused and only the question was prefilled (judged); the handoff against the goal."""
@@ -376,6 +400,8 @@ def main(argv):
         decode(*args)
     elif cmd == "prefill":
         prefill(args[0], args[1], args[2], args[3:], gpu=opts.get("--gpu"), allow_skip=allow_skip)
+    elif cmd == "rows_parity":
+        rows_parity(*args)
     elif cmd == "escalate":
         escalate(*args, gpu=opts.get("--gpu"))
     elif cmd == "skipped":
