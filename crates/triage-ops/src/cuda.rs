@@ -467,6 +467,28 @@ struct AttentionShape {
 type Input<'a> = (&'a Storage, &'a Layout);
 
 impl AttentionShape {
+    /// The output `[rows, heads, head_dim]` f32 and, past one partition, the partial results
+    /// the merge combines (the kernels never touch them otherwise).
+    fn outputs(
+        &self,
+        dev: &CudaDevice,
+        num_partitions: usize,
+    ) -> Result<(CudaSlice<f32>, Option<Partials>)> {
+        let per_row = self.num_rows * self.num_heads;
+        // SAFETY: left unset, no memset: with one partition the kernel writes every element
+        // (paged_attention: each row's first partition holds key 0 and its blocks cover every
+        // head and dim; prefill_attention: every (row, head) pair belongs to one tile, whose
+        // block writes all its dims), and past one the merge does. The simulator tests fill
+        // `out` with a poison first and find none.
+        let out = unsafe { dev.alloc::<f32>(per_row * self.head_dim) }?;
+        let parts = if num_partitions > 1 {
+            Some(Partials::new(dev, per_row * num_partitions, self.head_dim)?)
+        } else {
+            None
+        };
+        Ok((out, parts))
+    }
+
     /// Runs the partition kernel over the uploaded rows and, past one partition, the merge.
     fn run<T: CudaDType + DeviceRepr + WithDType>(
         &self,
@@ -486,17 +508,7 @@ impl AttentionShape {
             launch::PAGED_ATTENTION_THREADS,
         )?;
         let num_partitions = g.grid.2 as usize;
-        let per_row = self.num_rows * self.num_heads;
-        // SAFETY: left unset, no memset: with one partition the kernel writes every element (each
-        // row's first partition holds key 0, and its blocks cover every head and dim), and past
-        // one the merge does. The simulator tests fill `out` with a poison first and find none.
-        let mut out = unsafe { dev.alloc::<f32>(per_row * self.head_dim) }?;
-        // Partial results only exist past one partition; the kernel never touches them otherwise.
-        let mut parts = if num_partitions > 1 {
-            Some(Partials::new(dev, per_row * num_partitions, self.head_dim)?)
-        } else {
-            None
-        };
+        let (mut out, mut parts) = self.outputs(dev, num_partitions)?;
         let (bs, bl) = rows.block_tables.storage_and_layout();
         let (ss, sl) = rows.row_seq.storage_and_layout();
         let (ps, pl) = rows.row_pos.storage_and_layout();
@@ -625,15 +637,7 @@ impl AttentionShape {
             std::mem::size_of::<T>(),
             launch::PREFILL_ATTENTION_THREADS,
         )?;
-        let per_row = self.num_rows * self.num_heads;
-        // SAFETY: left unset, no memset: unsplit, every (row, head) pair belongs to one tile,
-        // whose block writes all its dims; split, the merge writes every element.
-        let mut out = unsafe { dev.alloc::<f32>(per_row * self.head_dim) }?;
-        let mut parts = if num_partitions > 1 {
-            Some(Partials::new(dev, per_row * num_partitions, self.head_dim)?)
-        } else {
-            None
-        };
+        let (mut out, mut parts) = self.outputs(dev, num_partitions)?;
         let (bs, bl) = rows.block_tables.storage_and_layout();
         let (ss, sl) = rows.row_seq.storage_and_layout();
         let (ps, pl) = rows.row_pos.storage_and_layout();
