@@ -369,7 +369,11 @@ fn bench_escalate_hands_the_question_to_the_pinned_prefix() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["escalated"], true, "{v}");
     assert_eq!(v["device"], "cpu");
-    assert_eq!((&v["model"], &v["lc_model"]), (&v["model"], &v["model"]));
+    assert_eq!(
+        v["lc_model"], v["model"],
+        "one model played both roles: {v}"
+    );
+    assert_eq!(v["shared_engine"], true, "{v}");
     assert!(v["handoff_ms"].is_number(), "{v}");
     let field = |name: &str| v[name].as_u64().unwrap();
     let prefix = field("prefix_tokens");
