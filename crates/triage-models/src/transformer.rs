@@ -111,6 +111,104 @@ impl LoadOptions {
     }
 }
 
+/// Reads a transformer's parts from a weight source in one layout: the loader's steps.
+struct PartReader<'a> {
+    opts: &'a LoadOptions,
+}
+
+impl PartReader<'_> {
+    fn dev(&self) -> &Device {
+        &self.opts.device
+    }
+
+    fn bias(&self, w: &mut WeightSource, name: &str, bias: bool) -> Result<Option<Tensor>> {
+        let dev = self.dev();
+        match bias {
+            true => Ok(Some(
+                w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?,
+            )),
+            false => Ok(None),
+        }
+    }
+
+    fn linear(&self, w: &mut WeightSource, name: &str, bias: bool) -> Result<Linear> {
+        let weight = w.get_matrix(&format!("{name}.weight"), self.dev())?;
+        let bias = self.bias(w, name, bias)?;
+        Linear::new(weight, bias, self.opts.layout(true), self.dev())
+    }
+
+    /// Parts that multiply one input are read as one stacked matrix where they can be.
+    fn fused(&self, w: &mut WeightSource, names: &[String], bias: bool) -> Result<FusedLinear> {
+        let weights: Vec<String> = names.iter().map(|n| format!("{n}.weight")).collect();
+        let stacked = match self.opts.layout(true).dense_copy {
+            true => None,
+            false => w.get_stacked(&weights, self.dev())?,
+        };
+        let Some((matrix, widths)) = stacked else {
+            let parts = names.iter().map(|n| self.linear(w, n, bias));
+            return FusedLinear::new(parts.collect::<Result<_>>()?);
+        };
+        let biases = names.iter().map(|n| self.bias(w, n, bias));
+        Ok(FusedLinear::from_stacked(
+            matrix,
+            widths,
+            biases.collect::<Result<_>>()?,
+        ))
+    }
+
+    fn norm(&self, w: &mut WeightSource, name: &str, config: &ModelConfig) -> Result<RmsNorm> {
+        RmsNorm::new(w.get(name, self.dev())?, config.rms_norm_eps, self.dev())
+    }
+
+    /// Decoder layer `i`: its parts in the order the GGUF names them.
+    fn decoder_layer(
+        &self,
+        w: &mut WeightSource,
+        config: &ModelConfig,
+        i: usize,
+    ) -> Result<DecoderLayer> {
+        let p = format!("blk.{i}");
+        let qkv = [
+            format!("{p}.attn_q"),
+            format!("{p}.attn_k"),
+            format!("{p}.attn_v"),
+        ];
+        Ok(DecoderLayer {
+            attn_norm: self.norm(w, &format!("{p}.attn_norm.weight"), config)?,
+            qkv: self.fused(w, &qkv, config.qkv_bias)?,
+            o: self.linear(w, &format!("{p}.attn_output"), false)?,
+            ffn_norm: self.norm(w, &format!("{p}.ffn_norm.weight"), config)?,
+            mlp: Mlp {
+                gate_up: self.fused(w, &[format!("{p}.ffn_gate"), format!("{p}.ffn_up")], false)?,
+                down: self.linear(w, &format!("{p}.ffn_down"), false)?,
+            },
+        })
+    }
+
+    /// The token embedding, the LM head (the embedding itself when tied) and the final norm.
+    fn ends(
+        &self,
+        w: &mut WeightSource,
+        config: &ModelConfig,
+    ) -> Result<(Embedding, Linear, RmsNorm)> {
+        let dev = self.dev();
+        let embed = Embedding::new(
+            w.get_matrix("token_embd.weight", dev)?,
+            self.opts.dense_dtype,
+            dev,
+        )?;
+        // Only the last row of a prompt reaches the LM head, so it stays quantized (no dense copy).
+        let head = self.opts.layout(false);
+        let lm_head = if config.tie_embeddings {
+            Linear::new(embed.weight().clone(), None, head, dev)?
+        } else {
+            Linear::new(w.get_matrix("output.weight", dev)?, None, head, dev)?
+        };
+        let norm = self.norm(w, "output_norm.weight", config)?;
+        Ok((embed, lm_head, norm))
+    }
+}
+
 impl Transformer {
     /// Build the model from its config and a weight source.
     pub fn load(
@@ -119,89 +217,11 @@ impl Transformer {
         opts: &LoadOptions,
     ) -> Result<Self> {
         let dev = &opts.device;
-        let read_bias = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Option<Tensor>> {
-            match bias {
-                true => Ok(Some(
-                    w.get(&format!("{name}.bias"), dev)?.to_dense_f32(dev)?,
-                )),
-                false => Ok(None),
-            }
-        };
-        let linear = |w: &mut WeightSource, name: &str, bias: bool| -> Result<Linear> {
-            let weight = w.get_matrix(&format!("{name}.weight"), dev)?;
-            let bias = read_bias(w, name, bias)?;
-            Linear::new(weight, bias, opts.layout(true), dev)
-        };
-        // Parts that multiply one input are read as one stacked matrix where they can be.
-        let fused = |w: &mut WeightSource, names: &[String], bias: bool| -> Result<FusedLinear> {
-            let weights: Vec<String> = names.iter().map(|n| format!("{n}.weight")).collect();
-            let stacked = match opts.layout(true).dense_copy {
-                true => None,
-                false => w.get_stacked(&weights, dev)?,
-            };
-            let Some((matrix, widths)) = stacked else {
-                let parts = names.iter().map(|n| linear(w, n, bias));
-                return FusedLinear::new(parts.collect::<Result<_>>()?);
-            };
-            let biases = names.iter().map(|n| read_bias(w, n, bias));
-            Ok(FusedLinear::from_stacked(
-                matrix,
-                widths,
-                biases.collect::<Result<_>>()?,
-            ))
-        };
-        let mut layers = Vec::with_capacity(config.num_layers);
-        for i in 0..config.num_layers {
-            let p = format!("blk.{i}");
-            let layer = DecoderLayer {
-                attn_norm: RmsNorm::new(
-                    weights.get(&format!("{p}.attn_norm.weight"), dev)?,
-                    config.rms_norm_eps,
-                    dev,
-                )?,
-                qkv: fused(
-                    weights,
-                    &[
-                        format!("{p}.attn_q"),
-                        format!("{p}.attn_k"),
-                        format!("{p}.attn_v"),
-                    ],
-                    config.qkv_bias,
-                )?,
-                o: linear(weights, &format!("{p}.attn_output"), false)?,
-                ffn_norm: RmsNorm::new(
-                    weights.get(&format!("{p}.ffn_norm.weight"), dev)?,
-                    config.rms_norm_eps,
-                    dev,
-                )?,
-                mlp: Mlp {
-                    gate_up: fused(
-                        weights,
-                        &[format!("{p}.ffn_gate"), format!("{p}.ffn_up")],
-                        false,
-                    )?,
-                    down: linear(weights, &format!("{p}.ffn_down"), false)?,
-                },
-            };
-            layers.push(layer);
-        }
-        let embed = Embedding::new(
-            weights.get_matrix("token_embd.weight", dev)?,
-            opts.dense_dtype,
-            dev,
-        )?;
-        // Only the last row of a prompt reaches the LM head, so it stays quantized (no dense copy).
-        let head = opts.layout(false);
-        let lm_head = if config.tie_embeddings {
-            Linear::new(embed.weight().clone(), None, head, dev)?
-        } else {
-            Linear::new(weights.get_matrix("output.weight", dev)?, None, head, dev)?
-        };
-        let norm = RmsNorm::new(
-            weights.get("output_norm.weight", dev)?,
-            config.rms_norm_eps,
-            dev,
-        )?;
+        let reader = PartReader { opts };
+        let layers = (0..config.num_layers)
+            .map(|i| reader.decoder_layer(weights, &config, i))
+            .collect::<Result<Vec<_>>>()?;
+        let (embed, lm_head, norm) = reader.ends(weights, &config)?;
         let positions = config.context_length.min(MAX_ROPE_POSITIONS);
         let rope = RotaryEmbedding::new(
             config.head_dim,

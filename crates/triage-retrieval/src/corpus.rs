@@ -13,13 +13,15 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::{HybridRanking, Ranked, SearchBackend};
 use crate::bm25::Bm25Index;
-use crate::chunker::{chunk_document, Chunk, ChunkerConfig, TokenOffsets};
+use crate::chunker::{Chunk, ChunkerConfig, TokenOffsets};
 use crate::dense::{exact_search, HnswIndex};
 use crate::documents::Document;
 use crate::dual_path::select_dual;
 use crate::embedder::Embedder;
 use crate::error::{io_at, Result, RetrievalError};
 use crate::hybrid::{reciprocal_rank_fusion, RRF_K};
+
+mod assemble;
 
 const FORMAT: &str = "triage-corpus-v1";
 
@@ -338,7 +340,7 @@ impl CorpusStore {
         std::fs::create_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
 
         let (manifest, vectors, report) =
-            self.assemble(old.as_ref(), docs, delete, embedder, tokens, chunker)?;
+            assemble::assemble(old.as_ref(), docs, delete, embedder, tokens, chunker)?;
         let json =
             serde_json::to_vec(&manifest).map_err(|e| RetrievalError::Index(e.to_string()))?;
         if let Some(old) = &old {
@@ -389,170 +391,6 @@ impl CorpusStore {
                 let _ = std::fs::remove_dir_all(e.path());
             }
         }
-    }
-
-    /// The next manifest and vectors: old chunks kept where documents did not change, new ones
-    /// chunked and embedded.
-    fn assemble(
-        &self,
-        old: Option<&Corpus>,
-        docs: &[Document],
-        delete: &[String],
-        embedder: &dyn Embedder,
-        tokens: &dyn TokenOffsets,
-        chunker: ChunkerConfig,
-    ) -> Result<(Manifest, Vec<Vec<f32>>, IngestReport)> {
-        let mut report = IngestReport::default();
-        if let Some(o) = old.filter(|o| o.manifest.chunker != chunker) {
-            return Err(RetrievalError::Invalid(format!(
-                "corpus {:?} was chunked with {:?}; use the same settings or a new corpus",
-                o.name, o.manifest.chunker
-            )));
-        }
-        // Vectors from another embedder are recomputed.
-        let reusable = old.filter(|o| o.manifest.embedder == embedder.id());
-        let mut seen = std::collections::HashSet::new();
-        for d in docs {
-            if !seen.insert(d.id.as_str()) {
-                return Err(RetrievalError::Invalid(format!(
-                    "document id {:?} appears twice",
-                    d.id
-                )));
-            }
-        }
-        let delete: std::collections::HashSet<&str> = delete.iter().map(String::as_str).collect();
-        for &id in &delete {
-            let known = old.is_some_and(|o| o.manifest.documents.contains_key(id));
-            if !known {
-                return Err(RetrievalError::Invalid(format!(
-                    "no document {id:?} to delete"
-                )));
-            }
-        }
-        // (doc id, title, hash, chunks, vectors or None when they must be embedded)
-        type Pending = (String, String, String, Vec<Chunk>, Option<Vec<Vec<f32>>>);
-        let mut pending: Vec<Pending> = Vec::new();
-        // A document keeps its place; new ones follow in the order given. Appending then leaves
-        // every chunk before it where it was (and the long-context prefix's cached blocks valid).
-        let old_place = |id: &str| {
-            old.and_then(|o| o.manifest.documents.get(id))
-                .and_then(|e| e.chunks.first().copied())
-        };
-        let num_old = old.map_or(0, |o| o.manifest.chunks.len());
-        let place: HashMap<&str, usize> = docs
-            .iter()
-            .enumerate()
-            .map(|(i, d)| (d.id.as_str(), old_place(&d.id).unwrap_or(num_old + i)))
-            .collect();
-        if let Some(o) = old {
-            for (id, entry) in &o.manifest.documents {
-                if delete.contains(id.as_str()) {
-                    report.deleted += 1;
-                    continue;
-                }
-                if seen.contains(id.as_str()) {
-                    continue;
-                }
-                let chunks: Vec<Chunk> = entry
-                    .chunks
-                    .iter()
-                    .map(|&i| o.manifest.chunks[i].clone())
-                    .collect();
-                let vectors =
-                    reusable.map(|_| entry.chunks.iter().map(|&i| o.vectors[i].clone()).collect());
-                pending.push((
-                    id.clone(),
-                    entry.title.clone(),
-                    entry.hash.clone(),
-                    chunks,
-                    vectors,
-                ));
-            }
-        }
-        for d in docs {
-            let hash = doc_hash(d);
-            let previous = old.and_then(|o| o.manifest.documents.get(&d.id).map(|e| (o, e)));
-            match previous {
-                Some((o, e)) if e.hash == hash => {
-                    report.unchanged += 1;
-                    let chunks = e
-                        .chunks
-                        .iter()
-                        .map(|&i| o.manifest.chunks[i].clone())
-                        .collect();
-                    let vectors =
-                        reusable.map(|_| e.chunks.iter().map(|&i| o.vectors[i].clone()).collect());
-                    pending.push((d.id.clone(), d.title.clone(), hash, chunks, vectors));
-                }
-                changed => {
-                    if changed.is_some() {
-                        report.updated += 1;
-                    } else {
-                        report.added += 1;
-                    }
-                    let chunks = chunk_document(d, tokens, &chunker)?;
-                    pending.push((d.id.clone(), d.title.clone(), hash, chunks, None));
-                }
-            }
-        }
-        let mut manifest = Manifest {
-            format: FORMAT.into(),
-            embedder: embedder.id(),
-            dim: embedder.dim(),
-            chunker,
-            documents: BTreeMap::new(),
-            chunks: Vec::new(),
-        };
-        let mut vectors: Vec<Vec<f32>> = Vec::new();
-        pending.sort_by_key(|p| {
-            place
-                .get(p.0.as_str())
-                .copied()
-                .or_else(|| old_place(&p.0))
-                .unwrap_or(usize::MAX)
-        });
-        // One embedding call for every new chunk: the embedder batches across documents.
-        let fresh = {
-            let texts: Vec<&str> = pending
-                .iter()
-                .filter(|p| p.4.is_none())
-                .flat_map(|p| p.3.iter().map(|c| c.text.as_str()))
-                .collect();
-            report.chunks_embedded = texts.len();
-            let fresh = embedder.embed(&texts)?;
-            if fresh.len() != texts.len() {
-                return Err(RetrievalError::Invalid(
-                    "the embedder returned the wrong number of vectors".into(),
-                ));
-            }
-            fresh
-        };
-        let mut fresh = fresh.into_iter();
-        for (id, title, hash, chunks, reused) in pending {
-            let embedded: Vec<Vec<f32>> = match reused {
-                Some(v) => v,
-                None => fresh.by_ref().take(chunks.len()).collect(),
-            };
-            if embedded.len() != chunks.len() || embedded.iter().any(|v| v.len() != manifest.dim) {
-                return Err(RetrievalError::Invalid(
-                    "the embedder returned the wrong shape".into(),
-                ));
-            }
-            let first = manifest.chunks.len();
-            manifest.chunks.extend(chunks);
-            vectors.extend(embedded);
-            let indices = (first..manifest.chunks.len()).collect();
-            manifest.documents.insert(
-                id,
-                DocEntry {
-                    hash,
-                    title,
-                    chunks: indices,
-                },
-            );
-        }
-        report.chunks_total = manifest.chunks.len();
-        Ok((manifest, vectors, report))
     }
 }
 

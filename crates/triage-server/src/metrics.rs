@@ -89,11 +89,23 @@ fn latency_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        let m = Self::unregistered();
+        if let Ok(mut r) = m.registry.lock() {
+            m.register_request_metrics(&mut r);
+            m.register_engine_gauges(&mut r);
+        }
+        m
+    }
+}
+
+impl Metrics {
+    /// Every family, empty, and a registry that does not know them yet.
+    fn unregistered() -> Self {
         let time_to_first_token =
             Family::<ModelLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
         let inter_token_latency =
             Family::<ModelLabels, Histogram>::new_with_constructor(latency_histogram as fn() -> _);
-        let m = Self {
+        Self {
             registry: Mutex::new(Registry::with_prefix("triage")),
             requests: Family::default(),
             time_to_first_token,
@@ -111,91 +123,96 @@ impl Default for Metrics {
             cache_config: Family::default(),
             prefix_tokens: Family::default(),
             abandoned: Family::default(),
-        };
-        if let Ok(mut r) = m.registry.lock() {
-            r.register(
-                "requests",
-                "HTTP requests by endpoint and status",
-                m.requests.clone(),
-            );
-            r.register(
-                "time_to_first_token_seconds",
-                "Time from accepting a request to its first token",
-                m.time_to_first_token.clone(),
-            );
-            r.register(
-                "inter_token_latency_seconds",
-                "Time between consecutive tokens of a request",
-                m.inter_token_latency.clone(),
-            );
-            r.register(
-                "prompt_tokens",
-                "Prompt tokens of finished requests",
-                m.prompt_tokens.clone(),
-            );
-            r.register(
-                "generation_tokens",
-                "Tokens generated for finished requests",
-                m.generation_tokens.clone(),
-            );
-            r.register(
-                "prefix_cache_queries",
-                "Prompt tokens looked up in the prefix cache",
-                m.prefix_cache_queries.clone(),
-            );
-            r.register(
-                "prefix_cache_hits",
-                "Prompt tokens found in the prefix cache",
-                m.prefix_cache_hits.clone(),
-            );
-            r.register(
-                "requests_running",
-                "Requests holding KV blocks",
-                m.running.clone(),
-            );
-            r.register(
-                "requests_waiting",
-                "Requests waiting to be scheduled",
-                m.waiting.clone(),
-            );
-            r.register(
-                "kv_blocks_used",
-                "KV blocks in use (pinned included)",
-                m.kv_blocks_used.clone(),
-            );
-            r.register(
-                "kv_blocks_total",
-                "KV blocks in the pool",
-                m.kv_blocks_total.clone(),
-            );
-            r.register(
-                "kv_blocks_pinned",
-                "KV blocks held by pinned corpus prefixes (in use while no request runs)",
-                m.kv_blocks_pinned.clone(),
-            );
-            r.register(
-                "kv_cache_usage_perc",
-                "Fraction of KV blocks in use, pinned included (0 to 1)",
-                m.kv_cache_usage.clone(),
-            );
-            r.register(
-                "cache_config_info",
-                "The KV cache layout (labels block_size and num_gpu_blocks, as vLLM names them); \
-                 always 1",
-                m.cache_config.clone(),
-            );
-            r.register(
-                "prefix_tokens_resident",
-                "Tokens of each corpus prefix pinned in a model's KV cache (gone once released)",
-                m.prefix_tokens.clone(),
-            );
-            r.register(
-                "requests_abandoned",
-                "Requests cancelled because their client disconnected (since start)",
-                m.abandoned.clone(),
-            );
         }
-        m
+    }
+
+    /// The metrics counted as requests are served: requests, latencies, tokens, prefix cache.
+    fn register_request_metrics(&self, r: &mut Registry) {
+        r.register(
+            "requests",
+            "HTTP requests by endpoint and status",
+            self.requests.clone(),
+        );
+        r.register(
+            "time_to_first_token_seconds",
+            "Time from accepting a request to its first token",
+            self.time_to_first_token.clone(),
+        );
+        r.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive tokens of a request",
+            self.inter_token_latency.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            self.prompt_tokens.clone(),
+        );
+        r.register(
+            "generation_tokens",
+            "Tokens generated for finished requests",
+            self.generation_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            self.prefix_cache_queries.clone(),
+        );
+        r.register(
+            "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            self.prefix_cache_hits.clone(),
+        );
+    }
+
+    /// The gauges read from the engines and the corpus registry at scrape time.
+    fn register_engine_gauges(&self, r: &mut Registry) {
+        r.register(
+            "requests_running",
+            "Requests holding KV blocks",
+            self.running.clone(),
+        );
+        r.register(
+            "requests_waiting",
+            "Requests waiting to be scheduled",
+            self.waiting.clone(),
+        );
+        r.register(
+            "kv_blocks_used",
+            "KV blocks in use (pinned included)",
+            self.kv_blocks_used.clone(),
+        );
+        r.register(
+            "kv_blocks_total",
+            "KV blocks in the pool",
+            self.kv_blocks_total.clone(),
+        );
+        r.register(
+            "kv_blocks_pinned",
+            "KV blocks held by pinned corpus prefixes (in use while no request runs)",
+            self.kv_blocks_pinned.clone(),
+        );
+        r.register(
+            "kv_cache_usage_perc",
+            "Fraction of KV blocks in use, pinned included (0 to 1)",
+            self.kv_cache_usage.clone(),
+        );
+        r.register(
+            "cache_config_info",
+            "The KV cache layout (labels block_size and num_gpu_blocks, as vLLM names them); \
+             always 1",
+            self.cache_config.clone(),
+        );
+        r.register(
+            "prefix_tokens_resident",
+            "Tokens of each corpus prefix pinned in a model's KV cache (gone once released)",
+            self.prefix_tokens.clone(),
+        );
+        r.register(
+            "requests_abandoned",
+            "Requests cancelled because their client disconnected (since start)",
+            self.abandoned.clone(),
+        );
     }
 }
 
