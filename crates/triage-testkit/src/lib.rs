@@ -1,0 +1,82 @@
+//! Helpers that the workspace's tests share, so that each is written once: only ever a
+//! dev-dependency, never part of a shipped crate. Failures panic, as a test's helpers should.
+#![forbid(unsafe_code)]
+
+use candle_core::Tensor;
+
+/// Values whose largest element-wise distance can be measured: tensors, and rows of `f32`.
+pub trait AbsDiff {
+    /// The largest `|a - b|` over all elements. Panics when the shapes differ.
+    fn max_abs_diff(&self, other: &Self) -> f32;
+}
+
+/// The largest element-wise `|a - b|` (tensors of one shape and of dtype f32, or `f32` rows of
+/// one length). Panics when the shapes differ.
+pub fn max_abs_diff<T: AbsDiff + ?Sized>(a: &T, b: &T) -> f32 {
+    a.max_abs_diff(b)
+}
+
+impl AbsDiff for Tensor {
+    fn max_abs_diff(&self, other: &Self) -> f32 {
+        (self - other)
+            .and_then(|d| d.abs())
+            .and_then(|d| d.flatten_all())
+            .and_then(|d| d.max(0))
+            .and_then(|d| d.to_scalar::<f32>())
+            .expect("tensors of one shape, dtype f32")
+    }
+}
+
+impl AbsDiff for [f32] {
+    fn max_abs_diff(&self, other: &Self) -> f32 {
+        assert_eq!(self.len(), other.len(), "rows of different lengths");
+        self.iter()
+            .zip(other)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+    }
+}
+
+impl AbsDiff for Vec<f32> {
+    fn max_abs_diff(&self, other: &Self) -> f32 {
+        self.as_slice().max_abs_diff(other.as_slice())
+    }
+}
+
+impl AbsDiff for [Vec<f32>] {
+    fn max_abs_diff(&self, other: &Self) -> f32 {
+        assert_eq!(self.len(), other.len(), "different numbers of rows");
+        self.iter()
+            .zip(other)
+            .fold(0f32, |m, (x, y)| m.max(x.max_abs_diff(y)))
+    }
+}
+
+impl AbsDiff for Vec<Vec<f32>> {
+    fn max_abs_diff(&self, other: &Self) -> f32 {
+        self.as_slice().max_abs_diff(other.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn tensors_and_rows_give_the_same_largest_difference() {
+        let a = vec![vec![1.0f32, -2.0], vec![0.5, 4.0]];
+        let b = vec![vec![1.5f32, -2.0], vec![0.5, 1.0]];
+        assert_eq!(max_abs_diff(&a, &b), 3.0);
+        assert_eq!(max_abs_diff(a.as_slice(), b.as_slice()), 3.0);
+        assert_eq!(max_abs_diff(&a[0], &b[0]), 0.5);
+        let t = |rows: &Vec<Vec<f32>>| Tensor::new(rows.clone(), &Device::Cpu).unwrap();
+        assert_eq!(max_abs_diff(&t(&a), &t(&b)), 3.0);
+        assert_eq!(max_abs_diff(&t(&a), &t(&a)), 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "different lengths")]
+    fn rows_of_different_lengths_panic() {
+        max_abs_diff(&[1.0f32, 2.0][..], &[1.0f32][..]);
+    }
+}
