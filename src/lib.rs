@@ -7,19 +7,19 @@
 pub use triage_engine::entropy_monitor::{
     Decision, EntropyEstimator, EntropyMonitor, EntropyUnit, StepValue, Threshold,
 };
-pub use triage_engine::generate::{
+pub use triage_engine::EngineError;
+pub use triage_engine::SamplingParams;
+pub use triage_engine::{
     generate, EntropySettings, FinishReason, GenerateRequest, GenerationOutput, Prompt, TokenOutput,
 };
-pub use triage_engine::sampler::SamplingParams;
-pub use triage_engine::EngineError;
 pub use triage_fetch::{
     DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
 };
-pub use triage_host::loader::{load_embedder, load_model};
 pub use triage_host::{
     error_kind, CorpusSummary, DocumentSummary, DocumentsChange, Engine, ErrorKind,
     HostError as Error, ModelEntry, PipelineSettings, Result, ServerSettings, TriageConfig,
 };
+pub use triage_host::{load_embedder, load_model};
 pub use triage_models::chat_template::ChatMessage;
 pub use triage_models::model::Model;
 pub use triage_models::transformer::LoadOptions;

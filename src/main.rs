@@ -13,7 +13,7 @@ use clap::Parser;
 use serde_json::json;
 use triage::DeviceSpec;
 use triage::{ChatMessage, EntropySettings, GenerateRequest, Model, Prompt, SamplingParams};
-use triage_fetch::{catalog, fetch, resolve};
+use triage_fetch::{catalog, fetch, resolve_model, FetchOptions};
 
 /// `TRIAGE_Q8_KERNEL` picks the int8 kernel for benchmarks; a name this CPU cannot run is an
 /// error here rather than a silent fallback.
@@ -662,13 +662,13 @@ fn bench(command: BenchCommand) -> Result<()> {
 }
 
 fn models_fetch(data: bool, names: Vec<String>) -> Result<()> {
-    let opts = fetch::FetchOptions {
+    let opts = FetchOptions {
         names,
         include_data: data,
         progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         ..Default::default()
     };
-    for outcome in fetch::fetch(&opts)? {
+    for outcome in fetch(&opts)? {
         for file in &outcome.files {
             println!(
                 "{:<22} {:?} {} ({} bytes)",
@@ -688,9 +688,9 @@ fn models_list() -> Result<()> {
         "NAME", "ARCH", "PARAMS", "CONTEXT", "QUANTIZATION"
     );
     for entry in catalog::CATALOG.iter().filter(|e| !e.is_data()) {
-        match resolve::resolve_model(entry.name) {
+        match resolve_model(entry.name) {
             Ok((_, path)) if path.is_file() => {
-                let info = triage_models::gguf_info::GgufInfo::read(&path)
+                let info = triage_models::GgufInfo::read(&path)
                     .with_context(|| format!("reading {}", path.display()))?;
                 println!(
                     "{:<22} {:<8} {:>7.0}M {:>8}  {:<40} {}",

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use triage::{
     generate, EntropySettings, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams,
 };
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent};
+use triage_engine::{EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent};
 
 /// Largest top-1/top-2 logprob gap at which two correct runs may pick different tokens.
 const NEAR_TIE: f32 = 0.15;
@@ -198,8 +198,7 @@ fn qwen_05b_relevance_prefers_the_passage_that_answers() {
         "Deliveries arrive on Tuesdays; returns leave on Fridays.",
         "Bananas are a good source of potassium.",
     ];
-    let scores =
-        triage_engine::relevance::relevance_scores(&mut engine, question, &passages).unwrap();
+    let scores = triage_engine::relevance_scores(&mut engine, question, &passages).unwrap();
     assert_eq!(scores.len(), 3);
     assert!(scores.iter().all(|s| s.is_finite()), "{scores:?}");
     assert!(
@@ -207,8 +206,7 @@ fn qwen_05b_relevance_prefers_the_passage_that_answers() {
         "the answering passage scores highest: {scores:?}"
     );
     // Batched and alone agree up to batching arithmetic (Q8 activations; see the module doc).
-    let alone =
-        triage_engine::relevance::relevance_scores(&mut engine, question, &passages[..1]).unwrap();
+    let alone = triage_engine::relevance_scores(&mut engine, question, &passages[..1]).unwrap();
     assert!(
         (alone[0] - scores[0]).abs() < 0.2,
         "{} vs {}",

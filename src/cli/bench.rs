@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, StreamEvent};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::SamplingParams;
+use triage_engine::{EngineConfig, KvBudget, LlmEngine, StreamEvent};
+use triage_engine::{EntropySettings, GenerateRequest, Prompt};
 use triage_models::model::Model;
 
 /// Cold vs cached time-to-first-token of a question after a shared prefix.

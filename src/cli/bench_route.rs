@@ -33,7 +33,7 @@ pub struct RouteBenchConfig {
     /// Write one JSON line per question (answers, scores, decision records) here.
     pub rows: Option<std::path::PathBuf>,
     /// Where the models run.
-    pub device: triage_models::device::DeviceSpec,
+    pub device: triage_models::DeviceSpec,
 }
 
 /// One question's three answers, as the engine gave them.

@@ -406,7 +406,7 @@ fn load_group(
     engine: &mut Engine,
     store: &CorpusStore,
     embedder: &triage_retrieval::BertEmbedder,
-    tokenizer: &dyn triage_retrieval::chunker::TokenOffsets,
+    tokenizer: &dyn triage_retrieval::TokenOffsets,
     group: &Group,
     previous: &[String],
 ) -> Result<()> {

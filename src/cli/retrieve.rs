@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use serde_json::json;
 use triage::DeviceSpec;
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_engine::{EngineConfig, KvBudget, LlmEngine};
 use triage_milvus::{MilvusBackend, SyncReport};
 use triage_models::bert::CrossEncoder;
 use triage_retrieval::SearchBackend;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use triage::{DeviceSpec, ModelEntry, ModelRole, TriageConfig};
-use triage_server::startup::{routing_service, start_workers};
+use triage_server::{routing_service, start_workers};
 use triage_server::{AppState, EngineWorker};
 
 /// Command-line overrides of the config file.
@@ -38,7 +38,7 @@ pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
         config.server.port = port;
     }
     if let Some(path) = &o.api_key_file {
-        config.server.api_key = Some(triage_host::config::read_api_key(path)?);
+        config.server.api_key = Some(triage_host::read_api_key(path)?);
     }
     if o.api_key.is_some() {
         config.server.api_key = o.api_key;

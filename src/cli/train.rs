@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_engine::{EngineConfig, KvBudget, LlmEngine};
 use triage_retrieval::metrics::{hit_at, unique_documents};
 use triage_retrieval::{Embedder, Hit, SearchMode, SearchOptions};
 use triage_router::classifier::{

@@ -1,11 +1,13 @@
 //! Bookkeeping: requests, block pool, KV-cache manager and scheduler (ids, hashes, counts).
 #![forbid(unsafe_code)]
 
-pub mod block_hash;
-pub mod block_pool;
-pub mod fnv;
-pub mod kv_cache_manager;
-pub mod scheduler;
+// The API is the re-exports below; the modules are private.
+
+mod block_hash;
+mod block_pool;
+mod fnv;
+mod kv_cache_manager;
+mod scheduler;
 
 pub use block_hash::{hash_block, hash_prefix, BlockHash};
 pub use block_pool::{BlockId, BlockPool, NULL_BLOCK};

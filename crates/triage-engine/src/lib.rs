@@ -2,19 +2,37 @@
 //! each request's output processor, the sampler, stop strings and the entropy monitor.
 #![deny(unsafe_code)]
 
-pub mod engine_set;
+// The API: two namespaces (the entropy monitor, the persisted-prefix format) and the re-exports
+// below. The decode loop's parts (output processor, stop strings, CUDA graphs) are private.
+
+/// The entropy monitor and its knobs (estimator, unit, window, thresholds, decisions).
 pub mod entropy_monitor;
-pub mod error;
-pub mod generate;
-pub mod llm_engine;
-mod output_processor;
-pub mod prefix_remote;
+/// Persisted KV prefixes: the file format, saving and what a miss means.
 pub mod prefix_store;
-pub mod relevance;
-pub mod sampler;
-pub mod stop;
-pub mod weights_hash;
-pub mod yes_no;
+
+mod engine_set;
+mod error;
+mod generate;
+mod llm_engine;
+mod output_processor;
+mod prefix_remote;
+mod relevance;
+mod sampler;
+mod stop;
+mod weights_hash;
+mod yes_no;
 
 pub use engine_set::EngineSet;
 pub use error::{EngineError, Result};
+pub use generate::{
+    generate, tokenize_prompt, EntropySettings, FinishReason, GenerateRequest, GenerationOutput,
+    MeanEntropy, Prompt, Timings, TokenOutput,
+};
+pub use llm_engine::{
+    EngineConfig, EventSink, KvBudget, LlmEngine, PendingPin, PinStart, PrefixSource, RequestId,
+    StreamEvent, Usage,
+};
+pub use prefix_remote::PrefixRemote;
+pub use relevance::{relevance_scores, RelevanceJudge};
+pub use sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+pub use yes_no::YesNoJudge;

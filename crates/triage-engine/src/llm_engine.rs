@@ -30,8 +30,6 @@ mod decode_graphs;
 mod kv_budget;
 mod prefixes;
 
-pub use decode_graphs::{bucket_for, DECODE_BUCKETS};
-
 pub use kv_budget::KvBudget;
 pub use prefixes::{PendingPin, PinStart, PrefixSource};
 

@@ -297,6 +297,7 @@ impl Sampler {
     }
 
     /// How many tokens [`Sampler::sample`] has returned.
+    #[cfg(test)]
     pub fn num_generated(&self) -> usize {
         self.num_generated
     }

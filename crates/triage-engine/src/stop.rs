@@ -91,6 +91,7 @@ impl StopChecker {
     }
 
     /// Text held back because it could be the start of a stop string.
+    #[cfg(test)]
     pub fn pending(&self) -> &str {
         &self.pending
     }

@@ -11,9 +11,10 @@ use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, PrefixSource, StreamEvent};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::{
+    EngineConfig, EntropySettings, GenerateRequest, KvBudget, LlmEngine, PrefixSource, Prompt,
+    SamplingParams, StreamEvent,
+};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
@@ -25,6 +26,7 @@ use triage_ops::entropy_window::{
     EntropyWindowParams, DECISION_ACCEPT, DECISION_CONTINUE, DECISION_ESCALATE,
 };
 use triage_ops::{logits_reduce_packed, LogitsStats};
+use triage_testkit::max_abs_diff;
 
 fn gpu() -> Device {
     DeviceSpec::Cuda(0)
@@ -127,13 +129,6 @@ fn scale_of(logits: &[Vec<f32>]) -> f32 {
 }
 
 /// Largest absolute difference between two sets of logits.
-fn max_abs_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
-    a.iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-}
-
 fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
 }

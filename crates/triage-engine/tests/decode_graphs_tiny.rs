@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt, TokenOutput};
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine, StreamEvent};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::{
+    EngineConfig, EntropySettings, GenerateRequest, KvBudget, LlmEngine, Prompt, SamplingParams,
+    StreamEvent, TokenOutput,
+};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;

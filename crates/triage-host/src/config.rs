@@ -12,12 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use triage_engine::llm_engine::{EngineConfig, KvBudget};
-use triage_engine::prefix_remote::PrefixRemote;
+use triage_engine::{EngineConfig, KvBudget, PrefixRemote};
 use triage_fetch::{
     DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
 };
-use triage_models::device::{parse_kv_dtype, DeviceSpec};
+use triage_models::{parse_kv_dtype, DeviceSpec};
 use triage_router::routing_config::ClassifierSetting;
 use triage_router::{ModelRole, RoutingConfig};
 

@@ -93,7 +93,7 @@ impl Host<InProcessModels> {
 #[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;
-    use triage_models::device::DeviceSpec;
+    use triage_models::DeviceSpec;
 
     /// A CPU build refuses a GPU when the engine starts, before it loads anything.
     #[test]

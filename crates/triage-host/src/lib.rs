@@ -5,17 +5,26 @@
 //! [`ModelAccess`] the host is built over. No HTTP here.
 #![forbid(unsafe_code)]
 
-pub mod config;
-pub mod error;
-pub mod fixtures;
-pub mod host;
-pub mod in_process;
-pub mod loader;
-pub mod object_prefixes;
-pub mod registry;
+// The API is the re-exports below (and `fixtures` for tests); the modules are private.
 
-pub use config::{ModelEntry, PipelineSettings, ServerSettings, TriageConfig};
+mod config;
+mod error;
+mod host;
+mod in_process;
+mod loader;
+mod object_prefixes;
+mod registry;
+
+/// A config over tiny random-weight models for tests (the `test-support` feature).
+#[cfg(feature = "test-support")]
+pub mod fixtures;
+
+pub use config::{
+    read_api_key, role_name, CorpusLimits, ModelEntry, PipelineSettings, ServerSettings,
+    TriageConfig,
+};
 pub use error::{error_kind, ErrorKind, HostError, Result};
 pub use host::{Host, ModelAccess};
 pub use in_process::{Engine, InProcessModels};
+pub use loader::{load_embedder, load_model, load_shared};
 pub use registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PrefixUse};

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use triage_models::bert::SentenceEmbedder;
-use triage_models::device::DeviceSpec;
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
+use triage_models::DeviceSpec;
 use triage_retrieval::BertEmbedder;
 
 use crate::config::ModelEntry;

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
-use triage_engine::prefix_remote::PrefixRemote;
-use triage_engine::EngineError;
+use triage_engine::{EngineError, PrefixRemote};
 
 use crate::{HostError, Result};
 

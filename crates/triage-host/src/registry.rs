@@ -22,7 +22,7 @@ use crate::error::{HostError, Result};
 mod summary;
 
 use summary::{document_bytes, not_loaded, summary};
-pub use summary::{pinned_name, CorpusSummary, DocumentSummary, DocumentsChange};
+pub use summary::{CorpusSummary, DocumentSummary, DocumentsChange};
 
 /// Whether a loaded corpus's long-context prefix is resident.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,9 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use triage_milvus::{MilvusBackend, SyncReport};
-use triage_retrieval::chunker::WordOffsets;
 use triage_retrieval::{
-    conformance, ChunkerConfig, CorpusStore, Document, HashingEmbedder, SearchBackend,
+    conformance, ChunkerConfig, CorpusStore, Document, HashingEmbedder, SearchBackend, WordOffsets,
 };
 
 const EMBEDDER: HashingEmbedder = HashingEmbedder { dim: 64 };

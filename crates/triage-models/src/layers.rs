@@ -29,6 +29,7 @@ pub struct DenseLayout {
 
 impl DenseLayout {
     /// f32 matrices and no dense copy of quantized blocks.
+    #[cfg(test)]
     pub const F32: DenseLayout = DenseLayout {
         dtype: DType::F32,
         dense_copy: false,

@@ -2,25 +2,36 @@
 //! safetensors), tokenizers and chat templates.
 #![deny(unsafe_code)]
 
-pub mod attention;
+// The API: the namespaces below, each a subject a caller works with, and the re-exports at
+// the end. The layers, the architectures and the weight loaders behind them are private: a model
+// is reached through `model::Model` and `transformer::Transformer`, whatever its architecture.
 pub mod bert;
-pub mod bert_fixtures;
 pub mod chat_template;
 pub mod config;
-pub mod device;
-pub mod error;
-pub mod fixtures;
-pub mod fused_linear;
-pub mod gguf_info;
-pub mod layers;
-pub mod llama;
 pub mod model;
 pub mod paged_kv_cache;
 pub mod paths;
-pub mod qwen2;
 pub mod tokenizer;
 pub mod transformer;
-pub mod weights;
 
-pub use device::DeviceSpec;
+/// Tiny random-weight Qwen2/Llama models for tests (the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+pub mod fixtures;
+
+/// Tiny random BERT checkpoints for tests (the `test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
+pub mod bert_fixtures;
+
+mod attention;
+mod device;
+mod error;
+mod fused_linear;
+mod gguf_info;
+mod layers;
+mod llama;
+mod qwen2;
+mod weights;
+
+pub use device::{parse_kv_dtype, DeviceSpec};
 pub use error::{ModelError, Result};
+pub use gguf_info::GgufInfo;

@@ -12,21 +12,9 @@ use triage_models::fixtures::{tiny_weights, write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::paged_kv_cache::PagedSequence;
 use triage_models::transformer::LoadOptions;
+use triage_testkit::max_abs_diff;
 
 type Weights = std::collections::HashMap<String, Tensor>;
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
 
 fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
     let mean_square = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();

@@ -9,21 +9,9 @@ use triage_models::fixtures::{write_tiny_gguf, write_tiny_safetensors, TinySpec,
 use triage_models::model::{load_weights, Model};
 use triage_models::paged_kv_cache::PagedSequence;
 use triage_models::transformer::{LoadOptions, Transformer};
+use triage_testkit::max_abs_diff;
 
 const ARCHS: [Architecture; 2] = [Architecture::Qwen2, Architecture::Llama];
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
-}
 
 fn max_abs(a: &Tensor) -> f32 {
     a.abs()

@@ -83,14 +83,6 @@ impl HnswIndex {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The `k` nearest (at most `EF_SEARCH`): every candidate the graph search visits is
     /// re-scored exactly against `vectors`.
     pub fn search(&self, vectors: &[Vec<f32>], query: &[f32], k: usize) -> Vec<DenseHit> {
@@ -121,3 +113,6 @@ impl HnswIndex {
         postcard::from_bytes(bytes).map_err(|e| RetrievalError::Index(format!("hnsw: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,10 +3,9 @@
 
 use std::cell::Cell;
 
-use triage_retrieval::chunker::WordOffsets;
 use triage_retrieval::{
     ChunkerConfig, CorpusStore, Document, Embedder, HashingEmbedder, RetrievalError, SearchMode,
-    SearchOptions,
+    SearchOptions, WordOffsets,
 };
 
 /// `HashingEmbedder` with a call counter that can be told to fail.

@@ -3,7 +3,7 @@
 //! finished or stopped answer leaves (mean and max entropy, NLL, top-2 margin, "insufficient").
 
 use triage_engine::entropy_monitor::{Decision, EntropyEstimator, EntropyMonitor, EntropyUnit};
-use triage_engine::generate::TokenOutput;
+use triage_engine::TokenOutput;
 
 use crate::error::{Result, RouterError};
 

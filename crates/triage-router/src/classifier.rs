@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::SamplingParams;
+use triage_engine::{EntropySettings, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Embedder;
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use triage_core::PrefixHandle;
-use triage_engine::generate::{FinishReason, GenerateRequest, TokenOutput};
-use triage_engine::llm_engine::{LlmEngine, PrefixSource, StreamEvent, Usage};
 use triage_engine::EngineSet;
+use triage_engine::{FinishReason, GenerateRequest, TokenOutput};
+use triage_engine::{LlmEngine, PrefixSource, StreamEvent, Usage};
 use triage_models::model::Model;
 
 pub use triage_types::ModelRole;

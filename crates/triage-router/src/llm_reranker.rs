@@ -1,7 +1,7 @@
 //! The LLM relevance reranker: `triage-retrieval`'s `Reranker` over the base model's yes/no
 //! judgements (`triage_engine::relevance`), all passages of a query in one batch.
 
-use triage_engine::relevance::RelevanceJudge;
+use triage_engine::RelevanceJudge;
 use triage_retrieval::{Reranker, RetrievalError};
 
 use crate::error::RouterError;

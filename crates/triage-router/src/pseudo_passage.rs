@@ -1,8 +1,8 @@
 //! The pseudo-passage of dual-path retrieval: the base model, closed book and greedy, writes a
 //! short passage that would answer the question; its embedding is the second search vector.
 
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::SamplingParams;
+use triage_engine::{EntropySettings, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 
 use crate::error::{Result, RouterError};

@@ -7,13 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use triage_engine::generate::{FinishReason, GenerateRequest, Prompt, TokenOutput};
-use triage_engine::llm_engine::{PrefixSource, Usage};
+use triage_engine::{FinishReason, GenerateRequest, Prompt, TokenOutput};
+use triage_engine::{PrefixSource, Usage};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
-use triage_retrieval::chunker::WordOffsets;
+use triage_retrieval::WordOffsets;
 use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder};
 use triage_router::classifier::{LearnedClassifier, QueryClass};
 use triage_router::decision::{MonitorVerdict, SearchKind, Stage};
@@ -1020,7 +1020,7 @@ fn the_long_context_prompt_shares_its_prefix_across_questions() {
     );
     assert!(text.contains("Paris is the capital of France"));
     // Rendering the whole chat at once gives the same tokens (the split is invisible).
-    let whole = triage_engine::generate::tokenize_prompt(
+    let whole = triage_engine::tokenize_prompt(
         &f.model,
         &Prompt::Chat(vec![
             triage_models::chat_template::ChatMessage::new(

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use triage_engine::llm_engine::{EngineConfig, LlmEngine};
+use triage_engine::{EngineConfig, LlmEngine};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
-use triage_retrieval::chunker::WordOffsets;
+use triage_retrieval::WordOffsets;
 use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder, Reranker};
 use triage_router::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
 

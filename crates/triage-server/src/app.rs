@@ -30,7 +30,7 @@ use crate::routed;
 use crate::routing::RoutingService;
 use crate::wire::{ChatCompletionRequest, CommonParams, CompletionRequest};
 use crate::worker::EngineWorker;
-use triage_host::config::role_name;
+use triage_host::role_name;
 use triage_host::TriageConfig;
 
 /// What every handler shares.
@@ -391,7 +391,7 @@ async fn run(
     common: &CommonParams,
     endpoint: Endpoint,
     id_prefix: &str,
-    generate: triage_engine::generate::GenerateRequest,
+    generate: triage_engine::GenerateRequest,
 ) -> Result<Response, ApiError> {
     let worker = state.worker(&common.model)?.clone();
     if !worker.is_alive() {

@@ -12,7 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use tokio::sync::mpsc::UnboundedReceiver;
-use triage_engine::llm_engine::{StreamEvent, Usage};
+use triage_engine::{StreamEvent, Usage};
 
 use crate::api_error::ApiError;
 use crate::metrics::{Metrics, ModelLabels};

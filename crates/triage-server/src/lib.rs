@@ -2,21 +2,26 @@
 //! crate that knows HTTP and OpenAI's wire types.
 #![forbid(unsafe_code)]
 
-pub mod api_error;
-pub mod app;
-pub mod corpus_header;
-pub mod error;
-pub mod generation;
-pub mod guard;
-pub mod loads;
-pub mod metrics;
-pub mod responses;
-pub mod routed;
-pub mod routing;
-pub mod startup;
-pub mod wire;
-pub mod worker;
+// The API is the re-exports below: the app (`router`, `serve`), the state and engine workers it
+// is built from, and the startup helpers. Handlers, wire types and metrics are private.
+
+mod api_error;
+mod app;
+mod corpus_header;
+mod error;
+mod generation;
+mod guard;
+mod loads;
+mod metrics;
+mod responses;
+mod routed;
+mod routing;
+mod startup;
+mod wire;
+mod worker;
 
 pub use app::{router, serve, shutdown_signal, AppState};
 pub use error::{Result, ServerError};
+pub use routing::RoutingService;
+pub use startup::{routing_service, start_workers};
 pub use worker::EngineWorker;

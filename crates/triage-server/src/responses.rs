@@ -3,8 +3,7 @@
 //! (`{"entropies": [...], "mean_entropy": ..., "entropy_unit": "nats"}`) that clients may ignore.
 
 use serde_json::{json, Value};
-use triage_engine::generate::{FinishReason, TokenOutput};
-use triage_engine::llm_engine::Usage;
+use triage_engine::{FinishReason, TokenOutput, Usage};
 use triage_models::model::Model;
 
 use crate::api_error::ApiError;

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use triage_engine::generate::{tokenize_prompt, FinishReason, GenerateRequest, TokenOutput};
-use triage_engine::llm_engine::StreamEvent;
-use triage_engine::EngineError;
+use triage_engine::{
+    tokenize_prompt, EngineError, FinishReason, GenerateRequest, StreamEvent, TokenOutput,
+};
 use triage_host::{Host, HostError, ModelAccess};
 use triage_models::model::Model;
 use triage_retrieval::BertEmbedder;
@@ -71,7 +71,7 @@ fn drain(
                         finish_reason: FinishReason::Cancelled,
                         // A stopped request's usage never arrives (its listener is gone): the
                         // prompt is counted here, its cached part is unknown.
-                        usage: triage_engine::llm_engine::Usage {
+                        usage: triage_engine::Usage {
                             prompt_tokens,
                             completion_tokens,
                             cached_tokens: 0,
@@ -265,7 +265,7 @@ impl RoutingService {
     }
 
     /// Bound the corpora clients may create over `/v1/corpora` and how large they may grow.
-    pub fn with_corpus_limits(mut self, limits: triage_host::config::CorpusLimits) -> Self {
+    pub fn with_corpus_limits(mut self, limits: triage_host::CorpusLimits) -> Self {
         self.host = self.host.with_corpus_limits(limits);
         self
     }

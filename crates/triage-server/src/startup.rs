@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use triage_engine::llm_engine::LlmEngine;
-use triage_host::loader::{load_embedder, load_shared};
+use triage_engine::LlmEngine;
 use triage_host::TriageConfig;
+use triage_host::{load_embedder, load_shared};
 use triage_router::ModelRole;
 
 use crate::error::Result;

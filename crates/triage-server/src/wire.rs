@@ -4,8 +4,7 @@
 //! and cannot be honoured are refused with a 400 naming the parameter.
 
 use serde::Deserialize;
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::sampler::{SamplingParams, MAX_TOP_LOGPROBS};
+use triage_engine::{EntropySettings, GenerateRequest, Prompt, SamplingParams, MAX_TOP_LOGPROBS};
 use triage_models::chat_template::ChatMessage;
 
 use crate::api_error::ApiError;
@@ -45,7 +44,9 @@ pub struct CommonParams {
     pub frequency_penalty: Option<f32>,
     #[serde(default)]
     pub n: Option<u32>,
+    /// Read by serde only: a `user` that is not a string is refused, as OpenAI refuses it.
     #[serde(default)]
+    #[allow(dead_code)]
     pub user: Option<String>,
     #[serde(default)]
     pub stream: bool,

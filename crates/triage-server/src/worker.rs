@@ -10,12 +10,10 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc as async_mpsc, oneshot};
 use triage_core::PrefixHandle;
-use triage_engine::generate::GenerateRequest;
-use triage_engine::llm_engine::RequestId;
-use triage_engine::llm_engine::{
-    EventSink, LlmEngine, PendingPin, PinStart, PrefixSource, StreamEvent,
+use triage_engine::{
+    EngineError, EventSink, GenerateRequest, LlmEngine, PendingPin, PinStart, PrefixSource,
+    RequestId, StreamEvent,
 };
-use triage_engine::EngineError;
 use triage_models::model::Model;
 use triage_router::ModelRole;
 

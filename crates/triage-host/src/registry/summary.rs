@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use triage_engine::llm_engine::PrefixSource;
+use triage_engine::PrefixSource;
 use triage_retrieval::Corpus;
 use triage_router::PinnedPrefix;
 

@@ -5,8 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
-use triage_engine::generate::{GenerateRequest, TokenOutput};
-use triage_engine::llm_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_engine::{EngineConfig, GenerateRequest, KvBudget, LlmEngine, TokenOutput};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;

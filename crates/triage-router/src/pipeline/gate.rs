@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use triage_engine::generate::Prompt;
+use triage_engine::Prompt;
 use triage_models::chat_template::ChatMessage;
 
 use super::prompts::GATE_SYSTEM;

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use triage_engine::entropy_monitor::Decision;
-use triage_engine::generate::Prompt;
+use triage_engine::Prompt;
 
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{question_text, LC_DECLINE};

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use triage_engine::entropy_monitor::{Decision, EntropyMonitor};
-use triage_engine::generate::{FinishReason, GenerateRequest, Prompt};
-use triage_engine::yes_no::YesNoJudge;
+use triage_engine::YesNoJudge;
+use triage_engine::{FinishReason, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Hit;
 

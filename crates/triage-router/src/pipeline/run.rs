@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use triage_engine::generate::{EntropySettings, GenerateRequest, Prompt};
-use triage_engine::sampler::SamplingParams;
+use triage_engine::SamplingParams;
+use triage_engine::{EntropySettings, GenerateRequest, Prompt};
 use triage_retrieval::Embedder;
 
 use super::escalation::Fallback;

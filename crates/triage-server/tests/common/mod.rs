@@ -8,15 +8,14 @@ use std::time::{Duration, Instant};
 
 use candle_core::quantized::GgmlDType;
 use serde_json::Value;
-use triage_engine::llm_engine::LlmEngine;
+use triage_engine::LlmEngine;
 use triage_host::{ModelEntry, ServerSettings, TriageConfig};
 use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
 use triage_router::ModelRole;
-use triage_server::routing::RoutingService;
-use triage_server::{AppState, EngineWorker};
+use triage_server::{AppState, EngineWorker, RoutingService};
 
 pub const MODEL: &str = "tiny";
 

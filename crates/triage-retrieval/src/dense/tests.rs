@@ -2,7 +2,7 @@
 //! shape of MiniLM chunk embeddings), and the graph survives a round trip through its bytes.
 //! (On real MiniLM embeddings the corpus benchmark reports it too.)
 
-use triage_retrieval::dense::{exact_search, HnswIndex};
+use super::{exact_search, HnswIndex};
 
 /// Unit vectors shaped like sentence embeddings: topic clusters in a 32-dimensional latent
 /// space, projected to `dim` dimensions, plus a little isotropic noise.
