@@ -189,6 +189,33 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     f.sync_all().map_err(io_at(path))
 }
 
+/// A generation's files (vectors, HNSW graph, BM25 index, then the manifest), every name on
+/// disk before `CURRENT` may point at it.
+fn write_generation(
+    gen_dir: &Path,
+    manifest: &Manifest,
+    vectors: &[Vec<f32>],
+    manifest_json: &[u8],
+) -> Result<()> {
+    write_synced(&gen_dir.join("vectors.bin"), &vectors_to_bytes(vectors))?;
+    write_synced(
+        &gen_dir.join("hnsw.bin"),
+        &HnswIndex::build(vectors).to_bytes()?,
+    )?;
+    let bm25_dir = gen_dir.join("bm25");
+    std::fs::create_dir_all(&bm25_dir).map_err(io_at(&bm25_dir))?;
+    Bm25Index::build(
+        &bm25_dir,
+        manifest
+            .chunks
+            .iter()
+            .map(|c| (c.id.as_str(), c.text.as_str())),
+    )?;
+    write_synced(&gen_dir.join("manifest.json"), manifest_json)?;
+    sync_dir(&bm25_dir)?;
+    sync_dir(gen_dir)
+}
+
 fn vectors_to_bytes(vectors: &[Vec<f32>]) -> Vec<u8> {
     vectors
         .iter()
@@ -329,16 +356,7 @@ impl CorpusStore {
             Some(_) => Some(self.open(name)?),
             None => None,
         };
-        // Claim the next generation first: a crash from here on leaves only this folder behind.
-        let live = self.current(name)?;
-        let number = live.as_deref().and_then(generation_number).unwrap_or(0) + 1;
-        let generation = format!("gen-{number:06}");
-        let gen_dir = dir.join(&generation);
-        if gen_dir.exists() {
-            std::fs::remove_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
-        }
-        std::fs::create_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
-
+        let (generation, gen_dir) = self.claim_generation(&dir, name)?;
         let (manifest, vectors, report) =
             assemble::assemble(old.as_ref(), docs, delete, embedder, tokens, chunker)?;
         let json =
@@ -352,24 +370,7 @@ impl CorpusStore {
                 return Ok(report);
             }
         }
-        write_synced(&gen_dir.join("vectors.bin"), &vectors_to_bytes(&vectors))?;
-        write_synced(
-            &gen_dir.join("hnsw.bin"),
-            &HnswIndex::build(&vectors).to_bytes()?,
-        )?;
-        let bm25_dir = gen_dir.join("bm25");
-        std::fs::create_dir_all(&bm25_dir).map_err(io_at(&bm25_dir))?;
-        Bm25Index::build(
-            &bm25_dir,
-            manifest
-                .chunks
-                .iter()
-                .map(|c| (c.id.as_str(), c.text.as_str())),
-        )?;
-        write_synced(&gen_dir.join("manifest.json"), &json)?;
-        // Every name of the new generation is on disk before `CURRENT` may point at it.
-        sync_dir(&bm25_dir)?;
-        sync_dir(&gen_dir)?;
+        write_generation(&gen_dir, &manifest, &vectors, &json)?;
         // The switch: one rename, itself made durable.
         let tmp = dir.join("CURRENT.tmp");
         write_synced(&tmp, generation.as_bytes())?;
@@ -378,6 +379,20 @@ impl CorpusStore {
         sync_dir(&dir)?;
         self.remove_stale_generations(&dir, &generation);
         Ok(report)
+    }
+
+    /// The next generation's name and its empty folder. Claimed before anything is built: a
+    /// crash from here on leaves only this folder behind.
+    fn claim_generation(&self, dir: &Path, name: &str) -> Result<(String, PathBuf)> {
+        let live = self.current(name)?;
+        let number = live.as_deref().and_then(generation_number).unwrap_or(0) + 1;
+        let generation = format!("gen-{number:06}");
+        let gen_dir = dir.join(&generation);
+        if gen_dir.exists() {
+            std::fs::remove_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
+        }
+        std::fs::create_dir_all(&gen_dir).map_err(io_at(&gen_dir))?;
+        Ok((generation, gen_dir))
     }
 
     fn remove_stale_generations(&self, dir: &Path, live: &str) {
