@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
-use triage_types::{auroc, RoutePath};
+use triage_policy::auroc;
+use triage_types::RoutePath;
 
 use crate::combined_sweep::{combined_sweep, CombinedSweep};
 use crate::probe::{probe_aurocs, ProbeAuroc};

@@ -15,17 +15,17 @@ use super::escalation::{
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM, SELF_CHECK};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
-use crate::answer_span::{
-    answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
-};
-use crate::combined_score;
-use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
-use crate::grounding::grounding;
-use crate::routing_config::RoutePath;
-use crate::sample_agreement::{agreement, Sample};
-use triage_types::{GroundingFeatures, ProbeStates};
+use crate::signals::answer_span::{
+    answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
+};
+use crate::signals::grounding::grounding;
+use crate::signals::probe_states;
+use crate::signals::sample_agreement::{agreement, Sample};
+use crate::RoutePath;
+use triage_types::GroundingFeatures;
+use triage_types::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 
 /// What the RAG stage produced.
 pub(super) struct RagOutcome {
@@ -269,7 +269,7 @@ impl Run<'_, '_> {
                             }
                         }
                         Err(e) => {
-                            failure = Some(e);
+                            failure = Some(e.into());
                             return false;
                         }
                     }
@@ -450,7 +450,7 @@ impl Run<'_, '_> {
         let features = self.record.retrieval.as_ref().and_then(|r| r.features);
         let combined = match &self.pipeline.combined {
             Some(c) => {
-                let row = combined_score::inputs(
+                let row = triage_policy::combined_inputs(
                     &signals,
                     span.span_mean(),
                     features.as_ref(),
@@ -512,7 +512,7 @@ impl Run<'_, '_> {
             },
             signals: judged.signals,
             grounding: Some(judged.grounding),
-            probe: ProbeStates::from_token_states(
+            probe: probe_states(
                 &settings.probe_layers,
                 &generated
                     .tokens

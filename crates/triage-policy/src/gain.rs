@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use triage_retrieval::RetrievalFeatures;
-pub use triage_types::GainDecision;
+use triage_types::{GainDecision, RetrievalFeatures};
 
-use crate::classifier::is_held_out;
-use crate::error::{Result, RouterError};
-use crate::linear::{freeze, thaw, RidgeModel};
+use crate::error::{PolicyError, Result};
+use crate::frozen::{freeze, thaw};
+use crate::linear::RidgeModel;
 
 /// The study's ridge penalty.
 pub const RIDGE_PENALTY: f64 = 20.0;
@@ -99,7 +98,7 @@ impl GainPolicy {
     /// (among the predictions themselves, plus "never"), then the ridge is refitted on all rows.
     pub fn fit(examples: &[GainExample], cost_per_hybrid: f64) -> Result<Self> {
         if examples.len() < 2 * NUM_FOLDS as usize {
-            return Err(RouterError::Invalid(format!(
+            return Err(PolicyError::Invalid(format!(
                 "the gain policy needs at least {} examples, got {}",
                 2 * NUM_FOLDS,
                 examples.len()
@@ -189,12 +188,6 @@ impl GainPolicy {
     pub fn load(path: &Path) -> Result<Self> {
         Ok(Self { model: thaw(path)? })
     }
-}
-
-/// Whether a dev example's group belongs to the held-out tenth (kept out of `train gain-policy`
-/// so the evaluation issue can test on it).
-pub fn is_test_group(group: &str) -> bool {
-    is_held_out(group, 10)
 }
 
 #[cfg(test)]
