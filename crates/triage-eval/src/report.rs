@@ -668,6 +668,77 @@ pub(crate) mod tests {
         out
     }
 
+    /// `rows()` with every section of the report filled: kinds, needle depths, EM and F1,
+    /// recorded probe states over five corpora, and a recorded combined score.
+    fn every_section() -> Vec<ResultRow> {
+        let mut out = rows();
+        for (j, r) in out.iter_mut().enumerate() {
+            let i: usize = r.example[1..].parse().unwrap();
+            r.kind = Some(if i % 2 == 0 { "answerable" } else { "pairs=75" }.into());
+            r.depth = Some(i as f64 / 9.0);
+            r.group = format!("corpus-{}", i % 5);
+            r.ms = (10 * i + j) as f64;
+            r.score.em = Some(if r.score.correct { 1.0 } else { 0.0 });
+            r.score.f1 = Some(if r.score.correct { 1.0 } else { 0.25 });
+            if r.system == System::Rag {
+                let mut m = crate::calibrate::tests::monitor_record("full_softmax");
+                m.combined_p_wrong = Some(i as f64 / 10.0);
+                m.combined_threshold = Some(0.55);
+                let wrong = !r.score.correct;
+                let state = |k: usize| -> Vec<f32> {
+                    (0..4)
+                        .map(|d| ((i * 7 + d * 3 + k) % 5) as f32 + if wrong { 2.0 } else { 0.0 })
+                        .collect()
+                };
+                m.probe = Some(triage_types::ProbeStates {
+                    layers: vec![1, 5],
+                    prompt: vec![state(0), state(1)],
+                    answer: vec![state(2), state(3)],
+                });
+                r.decision.monitor = Some(m);
+                r.rag_mean_entropy = Some(i as f64 / 20.0);
+            }
+        }
+        out
+    }
+
+    /// The report's Markdown and JSON, pinned byte for byte (written before `build` and
+    /// `markdown` were split into steps, so the split changes nothing). On a mismatch the
+    /// actual text is written next to the temp dir for a diff.
+    #[test]
+    fn the_report_of_a_run_with_every_section_is_pinned() {
+        let report = build(&every_section(), 3);
+        let md = markdown(&report);
+        let json = serde_json::to_string_pretty(&report).unwrap() + "\n";
+        for kind in [
+            "## Accuracy by kind",
+            "## Entropy",
+            "## Hidden-state probes",
+            "## τ sweep",
+            "## Combined score",
+            "## Accuracy by needle depth",
+        ] {
+            assert!(md.contains(kind), "{kind} missing:\n{md}");
+        }
+        for (actual, pinned, name) in [
+            (&md, include_str!("../tests/data/report.md"), "report.md"),
+            (
+                &json,
+                include_str!("../tests/data/report.json"),
+                "report.json",
+            ),
+        ] {
+            if actual != pinned {
+                let path = std::env::temp_dir().join(format!("triage-eval-actual-{name}"));
+                std::fs::write(&path, actual).unwrap();
+                panic!(
+                    "{name} differs from the pinned one; actual in {}",
+                    path.display()
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_oracle_takes_the_cheapest_right_answer() {
         let r = rows();
