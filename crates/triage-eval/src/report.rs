@@ -807,7 +807,14 @@ pub(crate) mod tests {
         let mut out = rows();
         for (j, r) in out.iter_mut().enumerate() {
             let i: usize = r.example[1..].parse().unwrap();
-            r.kind = Some(if i % 2 == 0 { "answerable" } else { "pairs=75" }.into());
+            r.kind = Some(
+                if i.is_multiple_of(2) {
+                    "answerable"
+                } else {
+                    "pairs=75"
+                }
+                .into(),
+            );
             r.depth = Some(i as f64 / 9.0);
             r.group = format!("corpus-{}", i % 5);
             r.ms = (10 * i + j) as f64;
