@@ -146,7 +146,7 @@ fn signals(args: SignalsArgs) -> Result<()> {
             if !dir.join("results.jsonl").exists() {
                 anyhow::bail!("{} holds no results.jsonl", dir.display());
             }
-            let file = triage_eval::results::ResultsFile::open(dir)?;
+            let file = triage_eval::ResultsFile::open(dir)?;
             if let Some(r) = file
                 .rows()
                 .iter()
@@ -183,7 +183,7 @@ fn signals(args: SignalsArgs) -> Result<()> {
             .train
             .iter()
             .find_map(|d| {
-                let file = triage_eval::results::ResultsFile::open(d).ok()?;
+                let file = triage_eval::ResultsFile::open(d).ok()?;
                 let m = file
                     .rows()
                     .iter()
@@ -193,8 +193,7 @@ fn signals(args: SignalsArgs) -> Result<()> {
             .unwrap_or_default();
         let x: Vec<Vec<f32>> = train.iter().map(|l| l.inputs.clone()).collect();
         let y: Vec<bool> = train.iter().map(|l| l.wrong).collect();
-        let hash = triage_router::combined_score::CombinedScore::fit(&model_id, &x, &y, 0.5)?
-            .save(path)?;
+        let hash = triage_policy::CombinedScore::fit(&model_id, &x, &y, 0.5)?.save(path)?;
         eprintln!("combined score saved to {} (sha256 {hash})", path.display());
     }
     if let (Some(path), Some(layer)) = (&args.save_probe, args.probe_layer) {
@@ -218,7 +217,7 @@ fn save_probe(
     let mut model_id = String::new();
     let mut rows: Vec<(Vec<f32>, bool)> = Vec::new();
     for dir in train {
-        let file = triage_eval::results::ResultsFile::open(dir)?;
+        let file = triage_eval::ResultsFile::open(dir)?;
         for r in file.rows() {
             let Some(m) = r.decision.monitor.as_ref() else {
                 continue;
@@ -236,8 +235,7 @@ fn save_probe(
         );
     }
     let refs: Vec<(&[f32], bool)> = rows.iter().map(|(s, w)| (s.as_slice(), *w)).collect();
-    let probe =
-        triage_router::probe::ProbeModel::fit(&model_id, layer, &refs, max_false_escalation)?;
+    let probe = triage_policy::ProbeModel::fit(&model_id, layer, &refs, max_false_escalation)?;
     let hash = probe.save(path)?;
     eprintln!(
         "probe at layer {layer} saved to {} (threshold {:.4}, fitted on {} answers; sha256 {hash})",
@@ -286,7 +284,7 @@ fn calibrate(args: CalibrateArgs) -> Result<()> {
         "{} quantile {statistic} on dev; every 5% of escalation:\n\n| threshold | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|",
         chosen.curve.len()
     );
-    for p in &triage_eval::sweep::by_escalation_rate(&chosen.curve, 20) {
+    for p in &triage_eval::by_escalation_rate(&chosen.curve, 20) {
         println!(
             "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |",
             p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost

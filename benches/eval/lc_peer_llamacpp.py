@@ -24,7 +24,7 @@ import string
 import sys
 import time
 
-# triage_router::long_context's system message, word for word.
+# triage-router's long-context prompt's (pipeline/long_context_prompt.rs) system message, word for word.
 SYSTEM = (
     "You answer questions about the documents the user provides. Answer with the answer only, "
     "in a few words, taken from the documents."

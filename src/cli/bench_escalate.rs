@@ -16,12 +16,12 @@ use triage_models::model::Model;
 use triage_models::DeviceSpec;
 use triage_retrieval::WordOffsets;
 use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder};
-use triage_router::decision::{DecisionRecord, MonitorVerdict, Stage, StageRecord};
-use triage_router::long_context::{long_context_prompt, LongContextPrompt};
+use triage_router::{long_context_prompt, LongContextPrompt};
 use triage_router::{
     Answer, AskRequest, CorpusView, Generator, ModelRole, Pipeline, RoleEngines, Route, RoutePath,
     RoutingConfig,
 };
+use triage_router::{DecisionRecord, MonitorVerdict, Stage, StageRecord};
 
 /// The hashing embedder's width: enough buckets that the synthetic documents' words rarely
 /// collide.

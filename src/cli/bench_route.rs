@@ -12,11 +12,11 @@ use triage_eval::route_analysis::{
     RoutedAnswer,
 };
 pub use triage_eval::route_analysis::{markdown, RouteBench};
+use triage_policy::CombinedScore;
 use triage_retrieval::{ChunkerConfig, CorpusStore};
-use triage_router::combined_score::CombinedScore;
 
 use triage::{Answer, AskRequest, Engine, ModelRole, Route, TriageConfig};
-use triage_eval::scoring::{contains_answer, f1};
+use triage_eval::{contains_answer, f1};
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use triage_eval::calibrate::{self, Chosen, Rule};
 use triage_eval::combined_calibration::{self, CombinedCalibration};
-use triage_eval::results::{ResultRow, ResultsFile};
 use triage_eval::suites::Split;
-use triage_eval::sweep::SweepPoint;
-use triage_router::combined_score::{self, CombinedScore, CombinedScoreModel};
-use triage_router::routing_config::Calibration;
+use triage_eval::SweepPoint;
+use triage_eval::{ResultRow, ResultsFile};
+use triage_policy::{CombinedScore, CombinedScoreModel};
+use triage_router::Calibration;
 use triage_router::RoutingConfig;
 
 use super::eval::{calibrated_toml, run, Escalation, EvalConfig, System};
@@ -276,7 +276,7 @@ fn save_combined(c: &CombinedCalibration, out: &Path) -> Result<CombinedSaved> {
     let score = CombinedScore {
         model: CombinedScoreModel {
             model_id: c.calibration.model.clone(),
-            inputs: combined_score::INPUTS
+            inputs: triage_policy::COMBINED_INPUTS
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),

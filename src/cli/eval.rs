@@ -8,12 +8,10 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use triage_eval::report;
-use triage_eval::results::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_eval::suites::{self, Group, Split, SuiteName, SuiteParams};
+use triage_eval::{AnswerParts, ResultRow, ResultsFile, RowContext};
 use triage_retrieval::{ChunkerConfig, CorpusStore};
-use triage_router::routing_config::{
-    Calibration, ClassifierSetting, RagSearch, RetrievalSettings, UNANSWERABLE,
-};
+use triage_router::{Calibration, ClassifierSetting, RagSearch, RetrievalSettings, UNANSWERABLE};
 use triage_router::{Route, RoutePath, RoutingConfig};
 
 use triage::{AskRequest, Engine, ModelRole, TriageConfig};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::eval::{self, EvalConfig, System};
 use triage_eval::suites::{Split, SuiteName};
-use triage_router::routing_config::ClassifierSetting;
+use triage_router::ClassifierSetting;
 
 fn config(dir: &Path, out: &Path) -> EvalConfig {
     EvalConfig {

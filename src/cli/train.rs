@@ -7,16 +7,16 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde::Serialize;
 use triage_engine::{EngineConfig, KvBudget, LlmEngine};
+use triage_policy::{
+    is_held_out, is_test_group, read_labelled, ClassifierQuality, GainExample, GainPolicy,
+    GainReport, LabelledQuery, HYBRID_CALL_COST,
+};
 use triage_retrieval::metrics::{hit_at, unique_documents};
 use triage_retrieval::{Embedder, Hit, SearchMode, SearchOptions};
-use triage_router::classifier::{
-    best_threshold, evaluate, is_held_out, read_labelled, ClassifierQuality, ClassifyWith,
-    LabelledQuery, LearnedClassifier, QueryClass, ZeroShotClassifier,
-};
-use triage_router::gain_policy::{
-    is_test_group, GainExample, GainPolicy, GainReport, HYBRID_CALL_COST,
-};
 use triage_router::Retriever;
+use triage_router::{
+    best_threshold, evaluate, ClassifyWith, LearnedClassifier, QueryClass, ZeroShotClassifier,
+};
 
 /// Where fitted policies go by default.
 pub fn policy_dir() -> PathBuf {
@@ -131,7 +131,7 @@ fn learned_only(
         .count();
     Ok(ClassifierQuality {
         accuracy: correct as f64 / rows.len() as f64,
-        auroc: triage_router::linear::auroc(&scores, &labels),
+        auroc: triage_policy::auroc(&scores, &labels),
     })
 }
 

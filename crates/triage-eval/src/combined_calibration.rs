@@ -10,8 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use triage_types::linear::LogisticModel;
-use triage_types::signals::{is_decline, model_for, COMBINED_INPUTS};
+use triage_policy::{is_decline, model_for, LogisticModel, COMBINED_INPUTS};
 use triage_types::Calibration;
 
 use crate::calibrate::{
@@ -189,7 +188,7 @@ mod tests {
     use crate::calibrate::Floor;
     use crate::results::tests::row;
     use crate::sweep::point;
-    use triage_types::signals::COMBINED_INPUTS;
+    use triage_policy::COMBINED_INPUTS;
     use triage_types::UNANSWERABLE;
 
     /// A RAG row whose monitor records `declined`, a span mean of `mean` and sample agreement

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use triage_types::auroc;
+use triage_policy::auroc;
 
 use crate::combined_calibration::{abstention_allowed, judged_by_score};
 use crate::results::ResultRow;

@@ -3,16 +3,14 @@
 //! over the first answer tokens, a mass-mean probe — the difference between the wrong and the
 //! right answers' mean standardised states — fitted on four folds of corpora and scored on the
 //! fifth, so no corpus is both fitted and scored; its AUROC for "the RAG answer is wrong"
-//! (`triage_types::linear::MassMeanProbe`).
+//! (`triage_policy::MassMeanProbe`, fitted and scored by `triage_policy::out_of_fold_scores`).
 
 use serde::Serialize;
-use triage_types::auroc;
-use triage_types::linear::MassMeanProbe;
+use triage_policy::{auroc, fold_of, out_of_fold_scores};
 
 use crate::results::ResultRow;
-use crate::suites::fnv1a;
 
-/// Folds of the out-of-fold fit; an answer goes to fold `fnv1a(its corpus) % FOLDS`.
+/// Folds of the out-of-fold fit; an answer goes to fold `fold_of(its corpus, FOLDS)`.
 const FOLDS: u64 = 5;
 
 /// One probe's out-of-fold AUROC.
@@ -45,10 +43,10 @@ pub fn probe_aurocs(rows: &[&ResultRow]) -> Vec<ProbeAuroc> {
                 .filter_map(|(r, p)| {
                     let states = if at == "prompt" { &p.prompt } else { &p.answer };
                     let state = states.get(l)?;
-                    Some((fnv1a(&r.group) % FOLDS, state.as_slice(), !r.score.correct))
+                    Some((fold_of(&r.group, FOLDS), state.as_slice(), !r.score.correct))
                 })
                 .collect();
-            let (scores, labels) = out_of_fold(&data);
+            let (scores, labels) = out_of_fold_scores(&data, FOLDS);
             out.push(ProbeAuroc {
                 layer,
                 at,
@@ -58,30 +56,6 @@ pub fn probe_aurocs(rows: &[&ResultRow]) -> Vec<ProbeAuroc> {
         }
     }
     out
-}
-
-/// Scores of each fold's answers by the probe fitted on the other folds; folds whose training
-/// answers are all right or all wrong are skipped.
-fn out_of_fold(data: &[(u64, &[f32], bool)]) -> (Vec<f64>, Vec<bool>) {
-    let (mut scores, mut labels) = (Vec::new(), Vec::new());
-    for fold in 0..FOLDS {
-        let train: Vec<(&[f32], bool)> = data
-            .iter()
-            .filter(|d| d.0 != fold)
-            .map(|d| (d.1, d.2))
-            .collect();
-        let Some(probe) = MassMeanProbe::fit(&train) else {
-            continue;
-        };
-        for d in data.iter().filter(|d| d.0 == fold) {
-            // States of the probe's width only (a run mixing models has others).
-            if let Ok(score) = probe.score(d.1) {
-                scores.push(score);
-                labels.push(d.2);
-            }
-        }
-    }
-    (scores, labels)
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
-use triage_types::{auroc, RoutePath};
+use triage_policy::auroc;
+use triage_types::RoutePath;
 
 use crate::combined_sweep::{combined_sweep, CombinedSweep};
 use crate::probe::{probe_aurocs, ProbeAuroc};
@@ -15,7 +16,7 @@ use crate::results::ResultRow;
 use crate::stats::{mean, mean_at, pearson, wilson, Estimate, PairedBootstrap, RESAMPLES};
 use crate::sweep::{
     apgr, by_escalation_rate, curve_area, pgr, point, quantile_taus, rag_lc_pairs, CurveArea,
-    SweepPoint,
+    RagLcPair, SweepPoint,
 };
 use crate::system::System;
 
@@ -218,155 +219,17 @@ fn signal_report(rag: &[&ResultRow], lc_right: &[Option<bool>]) -> Option<Signal
 /// Build the report from every row of one suite and split (the oracle's rows included or
 /// not: they are derived here when missing).
 pub fn build(rows: &[ResultRow], seed: u64) -> Report {
-    let suite = rows.first().map(|r| r.suite.clone()).unwrap_or_default();
-    let split = rows
-        .first()
-        .map(|r| r.split.as_str().to_string())
-        .unwrap_or_default();
-    // by example, by system
-    let mut table: BTreeMap<&str, HashMap<&str, &ResultRow>> = BTreeMap::new();
-    for r in rows {
-        table
-            .entry(r.example.as_str())
-            .or_default()
-            .insert(r.system.as_str(), r);
-    }
-    let mut oracles = Vec::new();
-    for by_system in table.values() {
-        if !by_system.contains_key("oracle") {
-            let answered: Vec<&ResultRow> = by_system.values().copied().collect();
-            if let Some(o) = oracle_row(&answered) {
-                oracles.push(o);
-            }
-        }
-    }
-    for o in &oracles {
-        if let Some(t) = table.get_mut(o.example.as_str()) {
-            t.insert("oracle", o);
-        }
-    }
-    let systems: BTreeSet<&str> = table.values().flat_map(|t| t.keys().copied()).collect();
-    let order = [
-        "none",
-        "rag",
-        "hybrid",
-        "lc",
-        "edar",
-        "dtr",
-        "self-route",
-        "auto",
-        "oracle",
-    ];
-    let mut systems: Vec<&str> = systems.into_iter().collect();
-    systems.sort_by_key(|s| order.iter().position(|o| o == s).unwrap_or(order.len()));
-    // The paired set: queries every system answered.
-    let examples: Vec<&str> = table
+    let oracles = missing_oracles(rows);
+    let table = by_example(rows.iter().chain(&oracles));
+    let p = Paired::new(&table);
+    let paired_rows: Vec<ResultRow> = rows
         .iter()
-        .filter(|(_, t)| systems.iter().all(|s| t.contains_key(s)))
-        .map(|(e, _)| *e)
-        .collect();
-    let n = examples.len();
-    let boot = PairedBootstrap::new(n, RESAMPLES, seed);
-    let column = |system: &str, f: &dyn Fn(&ResultRow) -> f64| -> Vec<f64> {
-        examples.iter().map(|e| f(table[e][system])).collect()
-    };
-    let value = |r: &ResultRow| r.score.value;
-    let tokens = |r: &ResultRow| r.total_tokens() as f64;
-    let has = |s: &str| systems.contains(&s);
-    let (lc_acc, lc_tok) = if has("lc") {
-        (column("lc", &value), column("lc", &tokens))
-    } else {
-        (Vec::new(), Vec::new())
-    };
-    let oracle_lc: Vec<bool> = examples
-        .iter()
-        .map(|e| {
-            table[e]
-                .get("oracle")
-                .is_some_and(|o| o.derived_from == Some(System::Lc))
-        })
-        .collect();
-    let summaries = systems
-        .iter()
-        .map(|&s| {
-            let acc = column(s, &value);
-            let tok = column(s, &tokens);
-            let rows: Vec<&ResultRow> = examples.iter().map(|e| table[e][s]).collect();
-            let opt_mean = |f: &dyn Fn(&ResultRow) -> Option<f64>| {
-                let v: Vec<f64> = rows.iter().filter_map(|r| f(r)).collect();
-                (!v.is_empty()).then(|| mean(&v))
-            };
-            let ms: Vec<f64> = rows.iter().map(|r| r.ms).collect();
-            let on_lc: Vec<bool> = rows.iter().map(|r| r.path == RoutePath::Lc).collect();
-            let routed = !PATH_SYSTEMS.contains(&s) && s != "oracle";
-            let routing = routed.then(|| {
-                let both = on_lc
-                    .iter()
-                    .zip(&oracle_lc)
-                    .filter(|(a, b)| **a && **b)
-                    .count();
-                let sent = on_lc.iter().filter(|a| **a).count();
-                let needed = oracle_lc.iter().filter(|b| **b).count();
-                RoutingScore {
-                    precision: (sent > 0).then(|| both as f64 / sent as f64),
-                    recall: (needed > 0).then(|| both as f64 / needed as f64),
-                }
-            });
-            let mut by_kind: BTreeMap<String, (usize, f64)> = BTreeMap::new();
-            for r in &rows {
-                if let Some(k) = &r.kind {
-                    let e = by_kind.entry(k.clone()).or_default();
-                    e.0 += 1;
-                    e.1 += r.score.value;
-                }
-            }
-            for v in by_kind.values_mut() {
-                v.1 /= v.0 as f64;
-            }
-            let rag_gain = if has("rag") && s != "rag" {
-                let (ra, rt) = (mean(&column("rag", &value)), mean(&column("rag", &tokens)));
-                let extra = mean(&tok) - rt;
-                // Under one token of difference the ratio says nothing.
-                (extra.abs() >= 1.0).then(|| (mean(&acc) - ra) / (extra / 1_000.0))
-            } else {
-                None
-            };
-            SystemSummary {
-                system: s.to_string(),
-                accuracy: boot.mean(&acc),
-                em: opt_mean(&|r| r.score.em),
-                f1: opt_mean(&|r| r.score.f1),
-                tokens: boot.mean(&tok),
-                computed_tokens: mean(&column(s, &|r| r.computed_tokens() as f64)),
-                cost: mean(&column(s, &|r| r.cost)),
-                ms_p50: percentile(&ms, 0.5),
-                ms_p95: percentile(&ms, 0.95),
-                lc_rate: on_lc.iter().filter(|a| **a).count() as f64 / n.max(1) as f64,
-                escalation_rate: rows.iter().filter(|r| r.escalated).count() as f64
-                    / n.max(1) as f64,
-                retained_vs_lc: has("lc")
-                    .then(|| boot.estimate(|idx| mean_at(&acc, idx) / mean_at(&lc_acc, idx))),
-                token_reduction_vs_lc: has("lc")
-                    .then(|| boot.estimate(|idx| 1.0 - mean_at(&tok, idx) / mean_at(&lc_tok, idx))),
-                gain_per_1k_tokens_vs_rag: rag_gain,
-                pgr: if has("rag") && has("lc") {
-                    pgr(mean(&acc), mean(&column("rag", &value)), mean(&lc_acc))
-                } else {
-                    None
-                },
-                routing,
-                by_kind,
-            }
-        })
-        .collect();
-    let paired: Vec<ResultRow> = rows
-        .iter()
-        .filter(|r| examples.binary_search(&r.example.as_str()).is_ok())
+        .filter(|r| p.examples.binary_search(&r.example.as_str()).is_ok())
         .cloned()
         .collect();
-    let pairs = rag_lc_pairs(&paired);
-    let rag_rows: Vec<&ResultRow> = if has("rag") {
-        examples.iter().map(|e| table[e]["rag"]).collect()
+    let pairs = rag_lc_pairs(&paired_rows);
+    let rag_rows = if p.has("rag") {
+        p.rows("rag")
     } else {
         Vec::new()
     };
@@ -374,36 +237,259 @@ pub fn build(rows: &[ResultRow], seed: u64) -> Report {
         .iter()
         .map(|r| table[r.example.as_str()].get("lc").map(|l| l.score.correct))
         .collect();
-    let curve: Vec<SweepPoint> = if pairs.is_empty() {
-        Vec::new()
-    } else {
-        quantile_taus(&pairs)
-            .into_iter()
-            .map(|t| point(&pairs, t))
-            .collect()
-    };
-    let rag_lc_ratio =
-        (has("rag") && has("lc")).then(|| mean(&column("rag", &tokens)) / mean(&lc_tok).max(1.0));
-    let depth = depth_rows(&examples, &systems, &table);
-    let corpora: BTreeSet<&str> = examples
-        .iter()
-        .filter_map(|e| table[e].values().next().map(|r| r.group.as_str()))
-        .collect();
     Report {
-        suite,
-        split,
-        queries: n,
-        questions_per_corpus: n as f64 / corpora.len().max(1) as f64,
-        systems: summaries,
+        suite: rows.first().map(|r| r.suite.clone()).unwrap_or_default(),
+        split: rows
+            .first()
+            .map(|r| r.split.as_str().to_string())
+            .unwrap_or_default(),
+        queries: p.examples.len(),
+        questions_per_corpus: p.questions_per_corpus(),
+        systems: system_summaries(&p, seed),
         signals: signal_report(&rag_rows, &lc_right),
-        sweep: by_escalation_rate(&curve, 20),
+        sweep: by_escalation_rate(&sweep_curve(&pairs), 20),
         area: curve_area(&pairs),
         apgr: apgr(&pairs),
-        rag_lc_ratio,
+        rag_lc_ratio: (p.has("rag") && p.has("lc"))
+            .then(|| mean(&p.column("rag", &tokens)) / mean(&p.column("lc", &tokens)).max(1.0)),
         probes: probe_aurocs(&rag_rows),
-        combined: combined_sweep(&paired),
-        depth,
+        combined: combined_sweep(&paired_rows),
+        depth: depth_rows(&p.examples, &p.systems, &table),
     }
+}
+
+/// Rows by example, then by system.
+type Table<'a> = BTreeMap<&'a str, HashMap<&'a str, &'a ResultRow>>;
+
+fn by_example<'a>(rows: impl IntoIterator<Item = &'a ResultRow>) -> Table<'a> {
+    let mut table: Table<'a> = BTreeMap::new();
+    for r in rows {
+        table
+            .entry(r.example.as_str())
+            .or_default()
+            .insert(r.system.as_str(), r);
+    }
+    table
+}
+
+/// The oracle's row of each query that has none among `rows`.
+fn missing_oracles(rows: &[ResultRow]) -> Vec<ResultRow> {
+    by_example(rows)
+        .values()
+        .filter(|by_system| !by_system.contains_key("oracle"))
+        .filter_map(|by_system| {
+            let answered: Vec<&ResultRow> = by_system.values().copied().collect();
+            oracle_row(&answered)
+        })
+        .collect()
+}
+
+/// The order of the systems in the report; others follow, by name.
+const SYSTEM_ORDER: [&str; 9] = [
+    "none",
+    "rag",
+    "hybrid",
+    "lc",
+    "edar",
+    "dtr",
+    "self-route",
+    "auto",
+    "oracle",
+];
+
+fn value(r: &ResultRow) -> f64 {
+    r.score.value
+}
+
+fn tokens(r: &ResultRow) -> f64 {
+    r.total_tokens() as f64
+}
+
+/// The paired set: the queries every system answered, which every number is computed on.
+struct Paired<'t, 'a> {
+    table: &'t Table<'a>,
+    /// In the report's order.
+    systems: Vec<&'a str>,
+    /// Sorted.
+    examples: Vec<&'a str>,
+}
+
+impl<'t, 'a> Paired<'t, 'a> {
+    fn new(table: &'t Table<'a>) -> Self {
+        let systems: BTreeSet<&str> = table.values().flat_map(|t| t.keys().copied()).collect();
+        let mut systems: Vec<&str> = systems.into_iter().collect();
+        systems.sort_by_key(|s| {
+            SYSTEM_ORDER
+                .iter()
+                .position(|o| o == s)
+                .unwrap_or(SYSTEM_ORDER.len())
+        });
+        let examples: Vec<&str> = table
+            .iter()
+            .filter(|(_, t)| systems.iter().all(|s| t.contains_key(s)))
+            .map(|(e, _)| *e)
+            .collect();
+        Self {
+            table,
+            systems,
+            examples,
+        }
+    }
+
+    fn has(&self, system: &str) -> bool {
+        self.systems.contains(&system)
+    }
+
+    /// `system`'s row of each query (which it must have answered).
+    fn rows(&self, system: &str) -> Vec<&'a ResultRow> {
+        self.examples
+            .iter()
+            .map(|e| self.table[e][system])
+            .collect()
+    }
+
+    fn column(&self, system: &str, f: &dyn Fn(&ResultRow) -> f64) -> Vec<f64> {
+        self.examples
+            .iter()
+            .map(|e| f(self.table[e][system]))
+            .collect()
+    }
+
+    /// Per query, whether the oracle took long context's answer.
+    fn oracle_on_lc(&self) -> Vec<bool> {
+        self.examples
+            .iter()
+            .map(|e| {
+                self.table[e]
+                    .get("oracle")
+                    .is_some_and(|o| o.derived_from == Some(System::Lc))
+            })
+            .collect()
+    }
+
+    fn questions_per_corpus(&self) -> f64 {
+        let corpora: BTreeSet<&str> = self
+            .examples
+            .iter()
+            .filter_map(|e| self.table[e].values().next().map(|r| r.group.as_str()))
+            .collect();
+        self.examples.len() as f64 / corpora.len().max(1) as f64
+    }
+}
+
+/// One summary per system, with paired-bootstrap intervals seeded by `seed`.
+fn system_summaries(p: &Paired, seed: u64) -> Vec<SystemSummary> {
+    let boot = PairedBootstrap::new(p.examples.len(), RESAMPLES, seed);
+    let oracle_lc = p.oracle_on_lc();
+    p.systems
+        .iter()
+        .map(|&s| system_summary(p, s, &boot, &oracle_lc))
+        .collect()
+}
+
+fn system_summary(
+    p: &Paired,
+    s: &str,
+    boot: &PairedBootstrap,
+    oracle_lc: &[bool],
+) -> SystemSummary {
+    let n = p.examples.len().max(1) as f64;
+    let (acc, tok) = (p.column(s, &value), p.column(s, &tokens));
+    let (lc_acc, lc_tok) = if p.has("lc") {
+        (p.column("lc", &value), p.column("lc", &tokens))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let rows = p.rows(s);
+    let opt_mean = |f: &dyn Fn(&ResultRow) -> Option<f64>| {
+        let v: Vec<f64> = rows.iter().filter_map(|r| f(r)).collect();
+        (!v.is_empty()).then(|| mean(&v))
+    };
+    let ms: Vec<f64> = rows.iter().map(|r| r.ms).collect();
+    let on_lc: Vec<bool> = rows.iter().map(|r| r.path == RoutePath::Lc).collect();
+    let routed = !PATH_SYSTEMS.contains(&s) && s != "oracle";
+    SystemSummary {
+        system: s.to_string(),
+        accuracy: boot.mean(&acc),
+        em: opt_mean(&|r| r.score.em),
+        f1: opt_mean(&|r| r.score.f1),
+        tokens: boot.mean(&tok),
+        computed_tokens: mean(&p.column(s, &|r| r.computed_tokens() as f64)),
+        cost: mean(&p.column(s, &|r| r.cost)),
+        ms_p50: percentile(&ms, 0.5),
+        ms_p95: percentile(&ms, 0.95),
+        lc_rate: on_lc.iter().filter(|a| **a).count() as f64 / n,
+        escalation_rate: rows.iter().filter(|r| r.escalated).count() as f64 / n,
+        retained_vs_lc: p
+            .has("lc")
+            .then(|| boot.estimate(|idx| mean_at(&acc, idx) / mean_at(&lc_acc, idx))),
+        token_reduction_vs_lc: p
+            .has("lc")
+            .then(|| boot.estimate(|idx| 1.0 - mean_at(&tok, idx) / mean_at(&lc_tok, idx))),
+        gain_per_1k_tokens_vs_rag: gain_per_1k_tokens_vs_rag(p, s, &acc, &tok),
+        pgr: if p.has("rag") && p.has("lc") {
+            pgr(mean(&acc), mean(&p.column("rag", &value)), mean(&lc_acc))
+        } else {
+            None
+        },
+        routing: routed.then(|| routing_score(&on_lc, oracle_lc)),
+        by_kind: accuracy_by_kind(&rows),
+    }
+}
+
+/// Precision and recall of the queries sent to long context against the oracle's.
+fn routing_score(on_lc: &[bool], oracle_lc: &[bool]) -> RoutingScore {
+    let both = on_lc
+        .iter()
+        .zip(oracle_lc)
+        .filter(|(a, b)| **a && **b)
+        .count();
+    let sent = on_lc.iter().filter(|a| **a).count();
+    let needed = oracle_lc.iter().filter(|b| **b).count();
+    RoutingScore {
+        precision: (sent > 0).then(|| both as f64 / sent as f64),
+        recall: (needed > 0).then(|| both as f64 / needed as f64),
+    }
+}
+
+fn accuracy_by_kind(rows: &[&ResultRow]) -> BTreeMap<String, (usize, f64)> {
+    let mut by_kind: BTreeMap<String, (usize, f64)> = BTreeMap::new();
+    for r in rows {
+        if let Some(k) = &r.kind {
+            let e = by_kind.entry(k.clone()).or_default();
+            e.0 += 1;
+            e.1 += r.score.value;
+        }
+    }
+    for v in by_kind.values_mut() {
+        v.1 /= v.0 as f64;
+    }
+    by_kind
+}
+
+/// Accuracy gained per 1,000 extra tokens over `rag` (none for `rag` itself, or without it).
+fn gain_per_1k_tokens_vs_rag(p: &Paired, s: &str, acc: &[f64], tok: &[f64]) -> Option<f64> {
+    if !p.has("rag") || s == "rag" {
+        return None;
+    }
+    let (ra, rt) = (
+        mean(&p.column("rag", &value)),
+        mean(&p.column("rag", &tokens)),
+    );
+    let extra = mean(tok) - rt;
+    // Under one token of difference the ratio says nothing.
+    (extra.abs() >= 1.0).then(|| (mean(acc) - ra) / (extra / 1_000.0))
+}
+
+/// The sweep over the quantiles of the RAG statistic.
+fn sweep_curve(pairs: &[RagLcPair]) -> Vec<SweepPoint> {
+    if pairs.is_empty() {
+        return Vec::new();
+    }
+    quantile_taus(pairs)
+        .into_iter()
+        .map(|t| point(pairs, t))
+        .collect()
 }
 
 fn depth_rows(
@@ -454,6 +540,25 @@ fn apgr_text(r: &Report) -> String {
 
 /// `report.md`.
 pub fn markdown(r: &Report) -> String {
+    let mut s = systems_markdown(r);
+    s.push_str(&kinds_markdown(r));
+    s.push_str(&headline_markdown(r));
+    if let Some(sig) = &r.signals {
+        s.push_str(&signals_markdown(sig));
+    }
+    s.push_str(&probes_markdown(&r.probes));
+    if let Some(a) = r.area {
+        s.push_str(&sweep_markdown(r, a));
+    }
+    if let Some(c) = &r.combined {
+        s.push_str(&combined_markdown(c));
+    }
+    s.push_str(&depth_markdown(r));
+    s
+}
+
+/// The heading and the table of systems.
+fn systems_markdown(r: &Report) -> String {
     let mut s = format!(
         "# triage eval: {} ({} split)\n\n{} queries answered by every system, {:.1} per \
          corpus; intervals are 95% paired bootstrap ({RESAMPLES} resamples, seeded). Tokens \
@@ -492,6 +597,12 @@ pub fn markdown(r: &Report) -> String {
             )),
         ));
     }
+    s
+}
+
+/// Accuracy per sub-population, where the rows have one.
+fn kinds_markdown(r: &Report) -> String {
+    let mut s = String::new();
     let kinds: BTreeSet<&String> = r.systems.iter().flat_map(|m| m.by_kind.keys()).collect();
     if !kinds.is_empty() {
         s.push_str("\n## Accuracy by kind\n\n| system |");
@@ -510,6 +621,12 @@ pub fn markdown(r: &Report) -> String {
             s.push('\n');
         }
     }
+    s
+}
+
+/// The routed systems against long context.
+fn headline_markdown(r: &Report) -> String {
+    let mut s = String::new();
     s.push_str("\n## Headline against long context\n\n");
     if let Some(ratio) = r.rag_lc_ratio {
         s.push_str(&format!(
@@ -532,34 +649,44 @@ pub fn markdown(r: &Report) -> String {
             ));
         }
     }
-    if let Some(sig) = &r.signals {
+    s
+}
+
+/// How the RAG answer's entropy relates to its errors.
+fn signals_markdown(sig: &SignalReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "\n## Entropy of the RAG answer vs its errors\n\n{} RAG answers, {:.1}% wrong. AUROC \
+         for a wrong answer: monitor statistic {}, mean entropy of the first tokens {}; \
+         for \"long context fixes it\" (RAG wrong, LC right): {}. Pearson r of hallucination rate vs entropy bin (bins with ≥ {MIN_BIN} answers): {}.\n\n\
+         | entropy bin | answers | wrong | hallucination rate [95% Wilson] |\n|---|---|---|---|\n",
+        sig.n,
+        100.0 * sig.error_rate,
+        opt(sig.auroc_statistic, 3),
+        opt(sig.auroc_mean_entropy, 3),
+        opt(sig.auroc_lc_fixes, 3),
+        opt(sig.pearson_r, 3)
+    ));
+    for b in sig.bins.iter().filter(|b| b.n > 0) {
         s.push_str(&format!(
-            "\n## Entropy of the RAG answer vs its errors\n\n{} RAG answers, {:.1}% wrong. AUROC \
-             for a wrong answer: monitor statistic {}, mean entropy of the first tokens {}; \
-             for \"long context fixes it\" (RAG wrong, LC right): {}. Pearson r of hallucination rate vs entropy bin (bins with ≥ {MIN_BIN} answers): {}.\n\n\
-             | entropy bin | answers | wrong | hallucination rate [95% Wilson] |\n|---|---|---|---|\n",
-            sig.n,
-            100.0 * sig.error_rate,
-            opt(sig.auroc_statistic, 3),
-            opt(sig.auroc_mean_entropy, 3),
-            opt(sig.auroc_lc_fixes, 3),
-            opt(sig.pearson_r, 3)
+            "| {:.2}–{:.2} | {} | {} | {:.2} [{:.2}, {:.2}] |\n",
+            b.lo, b.hi, b.n, b.wrong, b.rate, b.rate_lo, b.rate_hi
         ));
-        for b in sig.bins.iter().filter(|b| b.n > 0) {
-            s.push_str(&format!(
-                "| {:.2}–{:.2} | {} | {} | {:.2} [{:.2}, {:.2}] |\n",
-                b.lo, b.hi, b.n, b.wrong, b.rate, b.rate_lo, b.rate_hi
-            ));
-        }
     }
-    if !r.probes.is_empty() {
+    s
+}
+
+/// The hidden-state probes, where the answers recorded their states.
+fn probes_markdown(probes: &[ProbeAuroc]) -> String {
+    let mut s = String::new();
+    if !probes.is_empty() {
         s.push_str(
             "\n## Hidden-state probes\n\nA mass-mean probe per recorded layer of the base model, \
              at the last prompt token (before any answer token) and over the first answer \
              tokens, fitted on four folds of corpora and scored on the fifth: AUROC for a wrong \
              RAG answer.\n\n| layer | at | answers | AUROC |\n|---|---|---|---|\n",
         );
-        for p in &r.probes {
+        for p in probes {
             s.push_str(&format!(
                 "| {} | {} | {} | {} |\n",
                 p.layer,
@@ -569,27 +696,34 @@ pub fn markdown(r: &Report) -> String {
             ));
         }
     }
-    if let Some(a) = r.area {
+    s
+}
+
+/// The τ sweep and its area.
+fn sweep_markdown(r: &Report, a: CurveArea) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "\n## τ sweep (RAG escalating to LC above τ, offline)\n\nτ runs over the \
+         quantiles of the RAG statistic; rows at every 5% of escalation. Area under the \
+         accuracy–tokens curve (tokens scaled from RAG alone to RAG + LC for all): {:.3}; \
+         routing at random: {:.3}. APGR (area under the performance gap recovered against \
+         the escalation rate; random 0.5): {}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
+        a.area,
+        a.random,
+        apgr_text(r)
+    ));
+    for p in &r.sweep {
         s.push_str(&format!(
-            "\n## τ sweep (RAG escalating to LC above τ, offline)\n\nτ runs over the \
-             quantiles of the RAG statistic; rows at every 5% of escalation. Area under the \
-             accuracy–tokens curve (tokens scaled from RAG alone to RAG + LC for all): {:.3}; \
-             routing at random: {:.3}. APGR (area under the performance gap recovered against \
-             the escalation rate; random 0.5): {}.\n\n| τ | escalated | accuracy | tokens | cost |\n|---|---|---|---|---|\n",
-            a.area,
-            a.random,
-            apgr_text(r)
+            "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
+            p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
         ));
-        for p in &r.sweep {
-            s.push_str(&format!(
-                "| {:.4} | {:.2} | {:.3} | {:.0} | {:.5} |\n",
-                p.tau, p.escalation_rate, p.accuracy, p.mean_tokens, p.mean_cost
-            ));
-        }
     }
-    if let Some(c) = &r.combined {
-        s.push_str(&combined_markdown(c));
-    }
+    s
+}
+
+/// Accuracy by needle depth, where the suite places needles.
+fn depth_markdown(r: &Report) -> String {
+    let mut s = String::new();
     if !r.depth.is_empty() {
         s.push_str("\n## Accuracy by needle depth\n\n| depth |");
         let names: Vec<&str> = r.systems.iter().map(|m| m.system.as_str()).collect();
@@ -665,6 +799,84 @@ pub(crate) mod tests {
             out.push(routed);
         }
         out
+    }
+
+    /// `rows()` with every section of the report filled: kinds, needle depths, EM and F1,
+    /// recorded probe states over five corpora, and a recorded combined score.
+    fn every_section() -> Vec<ResultRow> {
+        let mut out = rows();
+        for (j, r) in out.iter_mut().enumerate() {
+            let i: usize = r.example[1..].parse().unwrap();
+            r.kind = Some(
+                if i.is_multiple_of(2) {
+                    "answerable"
+                } else {
+                    "pairs=75"
+                }
+                .into(),
+            );
+            r.depth = Some(i as f64 / 9.0);
+            r.group = format!("corpus-{}", i % 5);
+            r.ms = (10 * i + j) as f64;
+            r.score.em = Some(if r.score.correct { 1.0 } else { 0.0 });
+            r.score.f1 = Some(if r.score.correct { 1.0 } else { 0.25 });
+            if r.system == System::Rag {
+                let mut m = crate::calibrate::tests::monitor_record("full_softmax");
+                m.combined_p_wrong = Some(i as f64 / 10.0);
+                m.combined_threshold = Some(0.55);
+                let wrong = !r.score.correct;
+                let state = |k: usize| -> Vec<f32> {
+                    (0..4)
+                        .map(|d| ((i * 7 + d * 3 + k) % 5) as f32 + if wrong { 2.0 } else { 0.0 })
+                        .collect()
+                };
+                m.probe = Some(triage_types::ProbeStates {
+                    layers: vec![1, 5],
+                    prompt: vec![state(0), state(1)],
+                    answer: vec![state(2), state(3)],
+                });
+                r.decision.monitor = Some(m);
+                r.rag_mean_entropy = Some(i as f64 / 20.0);
+            }
+        }
+        out
+    }
+
+    /// The report's Markdown and JSON, pinned byte for byte (written before `build` and
+    /// `markdown` were split into steps, so the split changes nothing). On a mismatch the
+    /// actual text is written next to the temp dir for a diff.
+    #[test]
+    fn the_report_of_a_run_with_every_section_is_pinned() {
+        let report = build(&every_section(), 3);
+        let md = markdown(&report);
+        let json = serde_json::to_string_pretty(&report).unwrap() + "\n";
+        for kind in [
+            "## Accuracy by kind",
+            "## Entropy",
+            "## Hidden-state probes",
+            "## τ sweep",
+            "## Combined score",
+            "## Accuracy by needle depth",
+        ] {
+            assert!(md.contains(kind), "{kind} missing:\n{md}");
+        }
+        for (actual, pinned, name) in [
+            (&md, include_str!("../tests/data/report.md"), "report.md"),
+            (
+                &json,
+                include_str!("../tests/data/report.json"),
+                "report.json",
+            ),
+        ] {
+            if actual != pinned {
+                let path = std::env::temp_dir().join(format!("triage-eval-actual-{name}"));
+                std::fs::write(&path, actual).unwrap();
+                panic!(
+                    "{name} differs from the pinned one; actual in {}",
+                    path.display()
+                );
+            }
+        }
     }
 
     #[test]

@@ -4,9 +4,8 @@
 //! the combined score fitted and scored out of fold by article.
 
 use serde::Serialize;
-use triage_types::linear::{FitError, LogisticModel};
-use triage_types::signals::combined_inputs;
-use triage_types::{auroc, DecisionRecord, RoutePath};
+use triage_policy::{auroc, combined_inputs, out_of_fold_p_wrong, PolicyError};
+use triage_types::{DecisionRecord, RoutePath};
 
 use crate::scoring::{contains_answer, exact_match, f1};
 
@@ -158,7 +157,7 @@ type Labelled = (usize, Vec<f32>, bool);
 
 /// Each signal's AUROC for a wrong forced-RAG answer, then the combined score's (out of fold),
 /// then the Self-Route decline's (auto runs).
-pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, FitError> {
+pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, PolicyError> {
     let data: Vec<Labelled> = rows
         .iter()
         .filter_map(|r| signal_row(&r.rag).map(|s| (r.article, s, !correct(&r.rag, &r.golds))))
@@ -202,28 +201,12 @@ pub fn signal_aurocs(rows: &[RouteRow]) -> Result<Vec<SignalAuroc>, FitError> {
 
 /// The combined score (logistic regression on every signal and the retrieval features) fitted
 /// on four folds and scored on the fifth, by article, so no article is both fitted and scored.
-/// A fold whose training rows hold one label only is skipped. Returns scores and labels.
-fn out_of_fold(data: &[Labelled]) -> Result<(Vec<f64>, Vec<bool>), FitError> {
-    let mut predicted = vec![f64::NAN; data.len()];
-    for fold in 0..FOLDS {
-        let (train, test): (Vec<usize>, Vec<usize>) =
-            (0..data.len()).partition(|&i| data[i].0 % FOLDS != fold);
-        let x: Vec<Vec<f32>> = train.iter().map(|&i| data[i].1.clone()).collect();
-        let y: Vec<bool> = train.iter().map(|&i| data[i].2).collect();
-        if test.is_empty() || !y.contains(&true) || !y.contains(&false) {
-            continue;
-        }
-        let model = LogisticModel::fit(&x, &y, 1e-2)?;
-        for i in test {
-            predicted[i] = model.predict(&data[i].1)?;
-        }
-    }
-    Ok(predicted
+fn out_of_fold(data: &[Labelled]) -> Result<(Vec<f64>, Vec<bool>), PolicyError> {
+    let folded: Vec<(u64, Vec<f32>, bool)> = data
         .iter()
-        .zip(data)
-        .filter(|(p, _)| p.is_finite())
-        .map(|(p, d)| (*p, d.2))
-        .unzip())
+        .map(|(article, row, wrong)| ((article % FOLDS) as u64, row.clone(), *wrong))
+        .collect();
+    out_of_fold_p_wrong(&folded, FOLDS as u64)
 }
 
 /// The whole measurement.

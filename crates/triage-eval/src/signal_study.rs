@@ -5,10 +5,10 @@
 //! other suites only (leave one suite out: probes and scores are known to transfer poorly).
 
 use serde::Serialize;
-use triage_types::auroc;
-use triage_types::linear::MassMeanProbe;
-use triage_types::linear::{FitError, LogisticModel};
-use triage_types::signals::{combined_inputs, is_decline, model_for, COMBINED_INPUTS, COMBINED_L2};
+use triage_policy::{
+    auroc, combined_inputs, is_decline, model_for, LogisticModel, MassMeanProbe, PolicyError,
+    COMBINED_INPUTS, COMBINED_L2,
+};
 use triage_types::{ProbeStates, UNANSWERABLE};
 
 use crate::results::ResultRow;
@@ -128,7 +128,7 @@ pub struct ProbeRouting {
 }
 
 /// The study of `test` with combined scores fitted on `train` (never on `test`).
-pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
+pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, PolicyError> {
     let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
     // Each input alone over the answers that have it: a missing value says nothing of the
     // signal (a decline is never self-checked), and ranking it lowest would credit the signal
@@ -159,7 +159,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
                 auroc: fitted_auroc(train, test, &kept)?,
             })
         })
-        .collect::<Result<_, FitError>>()?;
+        .collect::<Result<_, PolicyError>>()?;
     without.push(Named {
         name: "answers and declines fitted apart".into(),
         auroc: fitted_apart_auroc(train, test, &all)?,
@@ -179,7 +179,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
                     auroc: fitted_auroc(&others, &own, &all)?,
                 })
             })
-            .collect::<Result<_, FitError>>()?
+            .collect::<Result<_, PolicyError>>()?
     } else {
         Vec::new()
     };
@@ -201,7 +201,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
                     auroc: fitted_auroc(train, &own, &all)?,
                 })
             })
-            .collect::<Result<_, FitError>>()?
+            .collect::<Result<_, PolicyError>>()?
     } else {
         Vec::new()
     };
@@ -224,7 +224,7 @@ pub fn study(train: &[Labelled], test: &[Labelled]) -> Result<Study, FitError> {
 /// by scores fitted on the other corpora's answers (questions over one corpus share its
 /// distractors, so they are never split), every AUROC the mean over the corpora where it
 /// exists. `None` with fewer than two corpora.
-pub fn leave_one_corpus_out(rows: &[Labelled]) -> Result<Option<Study>, FitError> {
+pub fn leave_one_corpus_out(rows: &[Labelled]) -> Result<Option<Study>, PolicyError> {
     let mut corpora: Vec<&str> = rows.iter().map(|l| l.corpus.as_str()).collect();
     corpora.sort_unstable();
     corpora.dedup();
@@ -238,7 +238,7 @@ pub fn leave_one_corpus_out(rows: &[Labelled]) -> Result<Option<Study>, FitError
                 rows.iter().cloned().partition(|l| l.corpus == *c);
             study(&rest, &own)
         })
-        .collect::<Result<Vec<Study>, FitError>>()?;
+        .collect::<Result<Vec<Study>, PolicyError>>()?;
     let mean = |values: Vec<Option<f64>>| -> Option<f64> {
         let present: Vec<f64> = values.into_iter().flatten().collect();
         (!present.is_empty()).then(|| present.iter().sum::<f64>() / present.len() as f64)
@@ -294,7 +294,7 @@ pub fn probe_routing(
     train: &[Labelled],
     test: &[Labelled],
     max_false_escalation: f64,
-) -> Result<Vec<ProbeRouting>, FitError> {
+) -> Result<Vec<ProbeRouting>, PolicyError> {
     let Some(layers) = recorded_layers(train) else {
         return Ok(Vec::new());
     };
@@ -384,7 +384,7 @@ fn pick(l: &Labelled, columns: &[usize]) -> Vec<f32> {
 pub(crate) fn fit_on<'a>(
     train: impl IntoIterator<Item = &'a Labelled>,
     columns: &[usize],
-) -> Result<Option<LogisticModel>, FitError> {
+) -> Result<Option<LogisticModel>, PolicyError> {
     let (x, y): (Vec<Vec<f32>>, Vec<bool>) = train
         .into_iter()
         .map(|l| (pick(l, columns), l.wrong))
@@ -400,11 +400,11 @@ fn scored_auroc<'m>(
     test: &[Labelled],
     columns: &[usize],
     model_of: impl Fn(&Labelled) -> &'m LogisticModel,
-) -> Result<Option<f64>, FitError> {
+) -> Result<Option<f64>, PolicyError> {
     let scores = test
         .iter()
         .map(|l| model_of(l).predict(&pick(l, columns)))
-        .collect::<Result<Vec<f64>, FitError>>()?;
+        .collect::<Result<Vec<f64>, PolicyError>>()?;
     let labels: Vec<bool> = test.iter().map(|l| l.wrong).collect();
     Ok(auroc(&scores, &labels))
 }
@@ -415,7 +415,7 @@ fn fitted_auroc(
     train: &[Labelled],
     test: &[Labelled],
     columns: &[usize],
-) -> Result<Option<f64>, FitError> {
+) -> Result<Option<f64>, PolicyError> {
     match fit_on(train, columns)? {
         Some(model) if !test.is_empty() => scored_auroc(test, columns, |_| &model),
         _ => Ok(None),
@@ -430,7 +430,7 @@ fn fitted_apart_auroc(
     train: &[Labelled],
     test: &[Labelled],
     columns: &[usize],
-) -> Result<Option<f64>, FitError> {
+) -> Result<Option<f64>, PolicyError> {
     let is_decline = |l: &Labelled| is_decline(&l.inputs);
     let fit_kind = |kind: bool| fit_on(train.iter().filter(|l| is_decline(l) == kind), columns);
     match (fit_kind(false)?, fit_kind(true)?) {

@@ -17,7 +17,7 @@ use triage_fetch::{
     DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER, DEFAULT_LONG_CONTEXT_MODEL, DEFAULT_ROUTER_MODEL,
 };
 use triage_models::{parse_kv_dtype, DeviceSpec};
-use triage_router::routing_config::ClassifierSetting;
+use triage_router::ClassifierSetting;
 use triage_router::{ModelRole, RoutingConfig};
 
 use crate::error::{HostError, Result};

@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use triage_retrieval::{BertEmbedder, Corpus, Document};
-use triage_router::decision::DecisionRecord;
 use triage_router::{
-    Answer, AnswerEvent, AskRequest, Generator, ModelRole, Pipeline, Route, RoutePath,
-    RoutingConfig,
+    Answer, AnswerEvent, AskRequest, DecisionRecord, Generator, ModelRole, Pipeline, Route,
+    RoutePath, RoutingConfig,
 };
 
 use crate::config::{needs_router, CorpusLimits};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document, Embedder};
-use triage_router::long_context::{long_context_prompt, pin_long_context, LongContextPrompt};
+use triage_router::{long_context_prompt, pin_long_context, LongContextPrompt};
 use triage_router::{CorpusView, Generator, ModelRole, PinnedPrefix, RoutingConfig};
 
 use crate::config::CorpusLimits;

@@ -17,9 +17,10 @@ pub enum RouterError {
 /// `Result` with [`RouterError`].
 pub type Result<T> = std::result::Result<T, RouterError>;
 
-/// A refused fit is the caller's data at fault, as it was when the fits lived here.
-impl From<triage_types::linear::FitError> for RouterError {
-    fn from(e: triage_types::linear::FitError) -> Self {
-        Self::Invalid(e.0)
+/// A refused fit or an unreadable policy file is the caller's data at fault, as it was when the
+/// policies lived here.
+impl From<triage_policy::PolicyError> for RouterError {
+    fn from(e: triage_policy::PolicyError) -> Self {
+        Self::Invalid(e.to_string())
     }
 }

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use triage_engine::entropy_monitor::{EntropyEstimator, EntropyUnit, DEFAULT_WINDOW};
-pub use triage_types::{Calibration, Price, Prices, RoutePath, UNANSWERABLE};
+use triage_types::{Calibration, Prices, RoutePath};
 
-use crate::answer_span::DEFAULT_PREAMBLES;
 use crate::error::{Result, RouterError};
 use crate::generator::ModelRole;
+use crate::signals::answer_span::DEFAULT_PREAMBLES;
 
 /// What the caller asks for: let the router decide, or force one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

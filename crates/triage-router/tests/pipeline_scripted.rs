@@ -13,18 +13,15 @@ use triage_models::config::Architecture;
 use triage_models::fixtures::{write_tiny_gguf, TinySpec};
 use triage_models::model::Model;
 use triage_models::transformer::LoadOptions;
+use triage_policy::{GainPolicy, GainPolicyModel, GainReport, RidgeModel, Standardizer};
 use triage_retrieval::WordOffsets;
 use triage_retrieval::{ChunkerConfig, Corpus, CorpusStore, Document, HashingEmbedder};
-use triage_router::classifier::{LearnedClassifier, QueryClass};
-use triage_router::decision::{MonitorVerdict, SearchKind, Stage};
-use triage_router::gain_policy::{GainPolicy, GainPolicyModel, GainReport};
-use triage_router::linear::{RidgeModel, Standardizer};
-use triage_router::long_context::{corpus_text, LongContextPrompt};
-use triage_router::routing_config::{ClassifierSetting, RagSearch};
+use triage_router::{corpus_text, LearnedClassifier, LongContextPrompt, QueryClass};
 use triage_router::{
     AnswerEvent, AskRequest, CorpusView, Generated, Generator, ModelRole, PinnedPrefix, Pipeline,
     Route, RoutePath, RouterError, RoutingConfig,
 };
+use triage_router::{ClassifierSetting, MonitorVerdict, RagSearch, SearchKind, Stage};
 
 const EMBEDDER: HashingEmbedder = HashingEmbedder { dim: 64 };
 
@@ -485,10 +482,10 @@ fn a_rag_answer_records_the_residual_stream_a_probe_asks_for() {
 /// `threshold`.
 fn probe_file(dir: &Path, threshold: f64) -> std::path::PathBuf {
     let path = dir.join(format!("probe-{threshold}.json"));
-    let probe = triage_router::probe::ProbeModel {
+    let probe = triage_policy::ProbeModel {
         model_id: "tiny".into(),
         layer: 2,
-        probe: triage_types::linear::MassMeanProbe {
+        probe: triage_policy::MassMeanProbe {
             mean: vec![0.0; 4],
             scale: vec![1.0; 4],
             direction: vec![1.0; 4],
@@ -1062,8 +1059,9 @@ fn the_long_context_prompt_keeps_a_documents_layout() {
 }
 
 fn combined_file(dir: &Path, bias: f64) -> std::path::PathBuf {
-    use triage_router::combined_score::{CombinedScore, CombinedScoreModel, INPUTS};
-    use triage_router::linear::LogisticModel;
+    use triage_policy::{
+        CombinedScore, CombinedScoreModel, LogisticModel, COMBINED_INPUTS as INPUTS,
+    };
     let n = INPUTS.len();
     let model = CombinedScoreModel {
         model_id: "tiny".into(),

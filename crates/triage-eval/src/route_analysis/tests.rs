@@ -132,7 +132,7 @@ fn a_separating_signal_scores_one_and_declines_are_counted() {
     assert_eq!(precision, Some(1.0));
     let (x, y) = combined_training_set(&rows);
     assert_eq!((x.len(), y.iter().filter(|&&w| w).count()), (20, 7));
-    assert_eq!(x[0].len(), triage_types::signals::COMBINED_INPUTS.len());
+    assert_eq!(x[0].len(), triage_policy::COMBINED_INPUTS.len());
 }
 
 #[test]

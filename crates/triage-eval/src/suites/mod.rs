@@ -18,6 +18,8 @@ use std::path::PathBuf;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
+use triage_core::fnv1a;
+use triage_policy::fold_of;
 use triage_types::Document;
 
 use crate::error::{EvalError, Result};
@@ -127,12 +129,10 @@ impl std::str::FromStr for Split {
     }
 }
 
-/// FNV-1a, for splits that must not change between runs or platforms.
-pub use triage_core::fnv1a;
-
-/// The split a data set item belongs to, by the hash of its key (half each).
+/// The split a data set item belongs to, by the hash of its key (half each: the held-out rule,
+/// `triage_policy::fold_of`, at two folds).
 pub fn split_of(key: &str) -> Split {
-    if fnv1a(key).is_multiple_of(2) {
+    if fold_of(key, 2) == 0 {
         Split::Dev
     } else {
         Split::Test

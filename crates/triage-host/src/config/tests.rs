@@ -1,8 +1,8 @@
 //! The config file: the server's and the library's spellings, old ones with their warnings.
 
 use super::*;
-use triage_router::routing_config::{RagSearch, RerankSetting};
 use triage_router::RoutePath;
+use triage_router::{RagSearch, RerankSetting};
 
 fn name_of(c: &TriageConfig, role: ModelRole) -> &str {
     &c.model(role).expect("a model plays every role").name

@@ -3,7 +3,7 @@
 
 use triage_engine::entropy_monitor::Decision;
 
-use crate::routing_config::RoutePath;
+use crate::RoutePath;
 
 /// The calibrated combined score of one answer.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,10 +8,11 @@ use triage_models::chat_template::ChatMessage;
 
 use super::prompts::GATE_SYSTEM;
 use super::run::{greedy, ms, usage_of, Run};
-use crate::classifier::{ClassifyWith, QueryClass};
-use crate::decision::{ClassifierRecord, GateRecord, Stage};
 use crate::error::{Result, RouterError};
 use crate::generator::ModelRole;
+use crate::pipeline::classifier::ClassifyWith;
+use triage_types::QueryClass;
+use triage_types::{ClassifierRecord, GateRecord, Stage};
 
 impl Run<'_, '_> {
     pub(super) fn classify(&mut self) -> Result<QueryClass> {

@@ -6,7 +6,7 @@ use triage_engine::entropy_monitor::Decision;
 
 use super::prompts::declines;
 use super::AnswerEvent;
-use crate::routing_config::RoutePath;
+use crate::RoutePath;
 
 /// When held text may reach the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use triage_engine::Prompt;
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{question_text, LC_DECLINE};
 use super::run::{greedy, ms, usage_of, Run};
-use crate::decision::Stage;
 use crate::error::{Result, RouterError};
 use crate::generator::ModelRole;
-use crate::routing_config::RoutePath;
+use crate::RoutePath;
+use triage_types::Stage;
 
 impl Run<'_, '_> {
     /// Answer with the long-context model over the whole corpus, streaming as it comes. An

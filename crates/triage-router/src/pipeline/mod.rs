@@ -6,10 +6,12 @@
 //! This file holds the pipeline and the types callers see; `run` holds one query's state and
 //! the order of the stages, and each stage has its own file.
 
+pub(crate) mod classifier;
 mod escalation;
 mod gate;
 mod hold_back;
 mod long_context;
+pub(crate) mod long_context_prompt;
 mod plan;
 mod prompts;
 mod rag;
@@ -22,15 +24,15 @@ use std::time::Instant;
 use serde::Serialize;
 use triage_retrieval::{Corpus, Embedder, SearchBackend};
 
-use crate::classifier::{LearnedClassifier, QueryClassifier, ZeroShotClassifier};
-use crate::combined_score::CombinedScore;
-use crate::decision::{DecisionRecord, StageRecord};
 use crate::error::Result;
-use crate::gain_policy::GainPolicy;
 use crate::generator::Generator;
-use crate::long_context::LongContextPrompt;
-use crate::probe::ProbeModel;
-use crate::routing_config::{ClassifierSetting, Route, RoutePath, RoutingConfig};
+use crate::pipeline::classifier::{LearnedClassifier, QueryClassifier, ZeroShotClassifier};
+use crate::pipeline::long_context_prompt::LongContextPrompt;
+use crate::{ClassifierSetting, Route, RoutePath, RoutingConfig};
+use triage_policy::CombinedScore;
+use triage_policy::GainPolicy;
+use triage_policy::ProbeModel;
+use triage_types::{DecisionRecord, StageRecord};
 
 use run::{ms, Run};
 
@@ -63,7 +65,7 @@ pub struct AnswerUsage {
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
-    pub by_model: BTreeMap<&'static str, crate::decision::ModelUsage>,
+    pub by_model: BTreeMap<&'static str, triage_types::ModelUsage>,
 }
 
 /// Wall-clock time of an answer.

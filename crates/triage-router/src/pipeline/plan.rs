@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::run::{rag_path, Run};
-use crate::classifier::QueryClass;
 use crate::error::Result;
 use crate::generator::ModelRole;
-use crate::routing_config::RoutePath;
+use crate::RoutePath;
+use triage_types::QueryClass;
 
 /// Tokens an answer is expected to take, for the cost estimates.
 const EXPECTED_ANSWER_TOKENS: usize = 16;

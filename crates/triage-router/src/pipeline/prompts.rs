@@ -2,7 +2,7 @@
 
 use triage_retrieval::Hit;
 
-use crate::routing_config::UNANSWERABLE;
+use crate::UNANSWERABLE;
 
 pub(super) const GATE_SYSTEM: &str = "Answer the question with the answer only, in a few words.";
 pub(super) const RAG_SYSTEM: &str =

@@ -15,17 +15,17 @@ use super::escalation::{
 use super::hold_back::{HoldBack, Release};
 use super::prompts::{declines, rag_user, RAG_SYSTEM, SELF_CHECK};
 use super::run::{greedy, ms, rag_path, usage_of, Run};
-use crate::answer_span::{
-    answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
-};
-use crate::combined_score;
-use crate::decision::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, ModelRole};
-use crate::grounding::grounding;
-use crate::routing_config::RoutePath;
-use crate::sample_agreement::{agreement, Sample};
-use triage_types::{GroundingFeatures, ProbeStates};
+use crate::signals::answer_span::{
+    answer_span_text, AnswerSignals, AnswerSpanFilter, FromTokens, SpanMonitor,
+};
+use crate::signals::grounding::grounding;
+use crate::signals::probe_states;
+use crate::signals::sample_agreement::{agreement, Sample};
+use crate::RoutePath;
+use triage_types::GroundingFeatures;
+use triage_types::{MonitorRecord, MonitorVerdict, Stage, TauRecord};
 
 /// What the RAG stage produced.
 pub(super) struct RagOutcome {
@@ -92,12 +92,7 @@ impl Run<'_, '_> {
         let self_route = offers_decline && can_escalate;
         let request = self.rag_request(&hits, offers_decline);
         let path = rag_path(hybrid);
-        let release = match (can_escalate, self.pipeline.combined.is_some(), self_route) {
-            (false, _, _) => Release::Immediately,
-            (true, true, _) => Release::AtEnd,
-            (true, false, true) => Release::OnAcceptUnlessDeclined,
-            (true, false, false) => Release::OnAccept,
-        };
+        let release = self.release(can_escalate, self_route);
         let stop_on_escalate = self.config().monitor.stop_on_escalate;
         let hold = HoldBack::start(path, release, stop_on_escalate, &mut *self.events);
         let Held {
@@ -115,23 +110,7 @@ impl Run<'_, '_> {
             path,
             fallback,
         );
-        // The samples and the self-check are read only by the combined score: an answer that
-        // escalates whatever the score says (the monitor, the probe, a decline) is not charged
-        // for them. A forced answer asks them all, for calibration to read.
-        let scored = self.pipeline.combined.is_some();
-        let follow_ups = if can_escalate && escalates_unscored(&escalation, scored) {
-            FollowUps::NOT_ASKED
-        } else {
-            FollowUps {
-                agreement: self.sample_agreement(&request, &generated)?,
-                // A decline claims nothing the context could bear out: it is not checked.
-                self_check: if escalation.declined {
-                    f32::NAN
-                } else {
-                    self.self_check(&request, &generated)?
-                },
-            }
-        };
+        let follow_ups = self.follow_ups(&request, &generated, &escalation, can_escalate)?;
         let judged = self.judge(&generated, &hits, follow_ups, &span, escalation)?;
         let escalated_at = (judged.verdict.path == RoutePath::Lc)
             .then(|| escalated_at.unwrap_or_else(Instant::now));
@@ -144,6 +123,43 @@ impl Run<'_, '_> {
             generated,
             verdict: judged.verdict,
             escalated_at,
+        })
+    }
+
+    /// When the held-back answer reaches the caller: at once where nothing can take it back;
+    /// under a combined score only at the end (the score reads the whole answer); else when the
+    /// monitor accepts it (and, with Self-Route, it does not decline).
+    fn release(&self, can_escalate: bool, self_route: bool) -> Release {
+        match (can_escalate, self.pipeline.combined.is_some(), self_route) {
+            (false, _, _) => Release::Immediately,
+            (true, true, _) => Release::AtEnd,
+            (true, false, true) => Release::OnAcceptUnlessDeclined,
+            (true, false, false) => Release::OnAccept,
+        }
+    }
+
+    /// The samples and the self-check are read only by the combined score: an answer that
+    /// escalates whatever the score says (the monitor, the probe, a decline) is not charged for
+    /// them. A forced answer asks them all, for calibration to read.
+    fn follow_ups(
+        &mut self,
+        request: &GenerateRequest,
+        generated: &Generated,
+        escalation: &EscalationSignals,
+        can_escalate: bool,
+    ) -> Result<FollowUps> {
+        let scored = self.pipeline.combined.is_some();
+        if can_escalate && escalates_unscored(escalation, scored) {
+            return Ok(FollowUps::NOT_ASKED);
+        }
+        Ok(FollowUps {
+            agreement: self.sample_agreement(request, generated)?,
+            // A decline claims nothing the context could bear out: it is not checked.
+            self_check: if escalation.declined {
+                f32::NAN
+            } else {
+                self.self_check(request, generated)?
+            },
         })
     }
 
@@ -269,7 +285,7 @@ impl Run<'_, '_> {
                             }
                         }
                         Err(e) => {
-                            failure = Some(e);
+                            failure = Some(e.into());
                             return false;
                         }
                     }
@@ -450,7 +466,7 @@ impl Run<'_, '_> {
         let features = self.record.retrieval.as_ref().and_then(|r| r.features);
         let combined = match &self.pipeline.combined {
             Some(c) => {
-                let row = combined_score::inputs(
+                let row = triage_policy::combined_inputs(
                     &signals,
                     span.span_mean(),
                     features.as_ref(),
@@ -512,7 +528,7 @@ impl Run<'_, '_> {
             },
             signals: judged.signals,
             grounding: Some(judged.grounding),
-            probe: ProbeStates::from_token_states(
+            probe: probe_states(
                 &settings.probe_layers,
                 &generated
                     .tokens

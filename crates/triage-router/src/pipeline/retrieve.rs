@@ -6,10 +6,10 @@ use std::time::Instant;
 use triage_retrieval::Hit;
 
 use super::run::{ms, Run};
-use crate::decision::{RerankerKind, RetrievalRecord, SearchKind, Stage};
 use crate::error::Result;
-use crate::retriever::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
-use crate::routing_config::{RagSearch, RerankSetting, RoutePath};
+use crate::retrieve::retriever::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
+use crate::{RagSearch, RerankSetting, RoutePath};
+use triage_types::{RerankerKind, RetrievalRecord, SearchKind, Stage};
 
 impl Run<'_, '_> {
     /// A retriever over this corpus without a generator (no reranking, no pseudo-passages).

@@ -10,10 +10,10 @@ use triage_retrieval::Embedder;
 use super::escalation::Fallback;
 use super::plan::Plan;
 use super::{AnswerEvent, AskRequest, CorpusView, Pipeline};
-use crate::decision::DecisionRecord;
 use crate::error::{Result, RouterError};
 use crate::generator::{Generated, Generator};
-use crate::routing_config::{RagSearch, Route, RoutePath, RoutingConfig};
+use crate::{RagSearch, Route, RoutePath, RoutingConfig};
+use triage_types::DecisionRecord;
 
 /// Milliseconds since `since`.
 pub(super) fn ms(since: Instant) -> f64 {

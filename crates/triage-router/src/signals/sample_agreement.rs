@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::grounding::normalise;
+use crate::signals::grounding::normalise;
 
 /// One sampled answer span, and whether it was cut at its token limit (then only the greedy
 /// answer's first as many words are compared).

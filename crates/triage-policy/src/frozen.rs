@@ -1,13 +1,9 @@
-//! Freezing a fitted model to JSON with a content hash, and the linear models themselves
-//! (median imputation and standardisation, logistic and ridge regression, AUROC), defined in
-//! `triage-types` so the evaluation fits them without an engine, re-exported here.
+//! Freezing a fitted model to JSON with a content hash, so a hand-edited or truncated policy
+//! file is refused on load.
 
+use crate::error::{PolicyError, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-pub use triage_types::auroc;
-pub use triage_types::linear::{FitError, LogisticModel, RidgeModel, Standardizer};
-
-use crate::error::{Result, RouterError};
 
 /// A fitted model frozen to a file: the model, what it was fitted on, and the SHA-256 of the
 /// model's JSON, checked on load so a hand-edited or truncated file is refused.
@@ -18,7 +14,7 @@ pub struct Frozen<T> {
 }
 
 fn content_hash<T: Serialize>(model: &T) -> Result<String> {
-    let json = serde_json::to_vec(model).map_err(|e| RouterError::Invalid(e.to_string()))?;
+    let json = serde_json::to_vec(model).map_err(|e| PolicyError::Invalid(e.to_string()))?;
     Ok(format!("{:x}", Sha256::digest(&json)))
 }
 
@@ -30,18 +26,18 @@ impl<T: Serialize + for<'de> Deserialize<'de>> Frozen<T> {
 
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
         let json =
-            serde_json::to_string_pretty(self).map_err(|e| RouterError::Invalid(e.to_string()))?;
+            serde_json::to_string_pretty(self).map_err(|e| PolicyError::Invalid(e.to_string()))?;
         std::fs::write(path, json + "\n")
-            .map_err(|e| RouterError::Invalid(format!("writing {}: {e}", path.display())))
+            .map_err(|e| PolicyError::Invalid(format!("writing {}: {e}", path.display())))
     }
 
     pub fn load(path: &std::path::Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| RouterError::Invalid(format!("reading {}: {e}", path.display())))?;
+            .map_err(|e| PolicyError::Invalid(format!("reading {}: {e}", path.display())))?;
         let frozen: Self = serde_json::from_str(&text)
-            .map_err(|e| RouterError::Invalid(format!("{}: {e}", path.display())))?;
+            .map_err(|e| PolicyError::Invalid(format!("{}: {e}", path.display())))?;
         if content_hash(&frozen.model)? != frozen.sha256 {
-            return Err(RouterError::Invalid(format!(
+            return Err(PolicyError::Invalid(format!(
                 "{}: the model does not match its sha256 (edited or damaged)",
                 path.display()
             )));
@@ -68,6 +64,7 @@ pub fn thaw<T: Serialize + for<'de> Deserialize<'de>>(path: &std::path::Path) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linear::RidgeModel;
 
     #[test]
     fn frozen_models_refuse_edits() {

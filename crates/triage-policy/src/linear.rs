@@ -1,27 +1,13 @@
 //! The small linear models the policies learn: median imputation and standardisation, logistic
 //! regression (query classifier, combined escalation score) and ridge regression (retrieval-gain
-//! policy). Here, beside the rows they are fitted on, so that the router fits them and the
-//! evaluation scores signals out of fold with the same code, without an engine. Written rather
+//! policy). Here, with the policies, so that the router fits them and the evaluation scores
+//! signals out of fold with the same code, without an engine. Written rather
 //! than pulled from a crate because each is a few dozen lines and the fits are tiny (hundreds of
 //! rows, at most 384 features); linfa would add a BLAS-sized dependency tree for them.
 
 use serde::{Deserialize, Serialize};
 
-/// A fit refused: no rows, rows of different widths, one label per row missing, a singular
-/// system.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FitError(pub String);
-
-impl std::fmt::Display for FitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for FitError {}
-
-/// `Result` with [`FitError`].
-pub type Result<T> = std::result::Result<T, FitError>;
+use crate::error::{PolicyError, Result};
 
 /// Per-feature median (for missing values), mean and standard deviation, fitted on training rows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,9 +34,9 @@ fn check_rows(rows: &[Vec<f32>]) -> Result<usize> {
     let dim = rows
         .first()
         .map(Vec::len)
-        .ok_or_else(|| FitError("no training rows".into()))?;
+        .ok_or_else(|| PolicyError::Fit("no training rows".into()))?;
     if dim == 0 || rows.iter().any(|r| r.len() != dim) {
-        return Err(FitError(
+        return Err(PolicyError::Fit(
             "training rows must all have the same, non-zero number of features".into(),
         ));
     }
@@ -101,7 +87,7 @@ impl Standardizer {
     /// Impute and standardise one row.
     pub fn transform(&self, row: &[f32]) -> Result<Vec<f64>> {
         if row.len() != self.dim() {
-            return Err(FitError(format!(
+            return Err(PolicyError::Fit(format!(
                 "expected {} features, got {}",
                 self.dim(),
                 row.len()
@@ -137,7 +123,7 @@ impl LogisticModel {
     /// squared weights, bias unpenalised). Standardised features make a fixed step converge.
     pub fn fit(rows: &[Vec<f32>], labels: &[bool], l2: f64) -> Result<Self> {
         if rows.len() != labels.len() {
-            return Err(FitError("one label per row".into()));
+            return Err(PolicyError::Fit("one label per row".into()));
         }
         let standardizer = Standardizer::fit(rows)?;
         let x: Vec<Vec<f64>> = rows
@@ -256,7 +242,7 @@ impl MassMeanProbe {
     /// The state's score; a state of another width than the probe's is an error.
     pub fn score(&self, x: &[f32]) -> Result<f64> {
         if x.len() != self.direction.len() {
-            return Err(FitError(format!(
+            return Err(PolicyError::Fit(format!(
                 "a state of {} values for a probe of {}",
                 x.len(),
                 self.direction.len()
@@ -282,7 +268,7 @@ impl RidgeModel {
     /// features; the bias is the mean target and is not penalised).
     pub fn fit(rows: &[Vec<f32>], targets: &[f64], penalty: f64) -> Result<Self> {
         if rows.len() != targets.len() {
-            return Err(FitError("one target per row".into()));
+            return Err(PolicyError::Fit("one target per row".into()));
         }
         let standardizer = Standardizer::fit(rows)?;
         let x: Vec<Vec<f64>> = rows
@@ -327,7 +313,7 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Result<Vec<f64>> {
             .max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))
             .unwrap_or(col);
         if a[pivot][col].abs() < 1e-12 {
-            return Err(FitError("singular system in ridge fit".into()));
+            return Err(PolicyError::Fit("singular system in ridge fit".into()));
         }
         a.swap(col, pivot);
         b.swap(col, pivot);

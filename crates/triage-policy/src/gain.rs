@@ -7,12 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use triage_retrieval::RetrievalFeatures;
-pub use triage_types::GainDecision;
+use triage_types::{GainDecision, RetrievalFeatures};
 
-use crate::classifier::is_held_out;
-use crate::error::{Result, RouterError};
-use crate::linear::{freeze, thaw, RidgeModel};
+use crate::error::{PolicyError, Result};
+use crate::frozen::{freeze, thaw};
+use crate::linear::RidgeModel;
 
 /// The study's ridge penalty.
 pub const RIDGE_PENALTY: f64 = 20.0;
@@ -94,59 +93,76 @@ fn outcome(examples: &[GainExample], predicted: &[f64], tau: f64) -> (f64, f64) 
     (hits / n, hybrid / n)
 }
 
+/// Each group's fold: the groups in name order, dealt round the folds.
+fn fold_of_group(examples: &[GainExample]) -> BTreeMap<&str, u64> {
+    examples
+        .iter()
+        .map(|e| e.group.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| (g, i as u64 % NUM_FOLDS))
+        .collect()
+}
+
+/// Each example's predicted Δ by the ridge fitted on the other folds (NaN where its fold was
+/// skipped: too few training rows, or no rows held out).
+fn out_of_fold(examples: &[GainExample], groups: &BTreeMap<&str, u64>) -> Result<Vec<f64>> {
+    let fold_of = |e: &GainExample| groups[e.group.as_str()];
+    let mut predicted = vec![f64::NAN; examples.len()];
+    for fold in 0..NUM_FOLDS {
+        let train: Vec<&GainExample> = examples.iter().filter(|e| fold_of(e) != fold).collect();
+        if train.len() < 2 || train.len() == examples.len() {
+            continue;
+        }
+        let (x, y) = rows(&train);
+        let ridge = RidgeModel::fit(&x, &y, RIDGE_PENALTY)?;
+        for (i, e) in examples.iter().enumerate() {
+            if fold_of(e) == fold {
+                predicted[i] = ridge.predict(&e.features)?;
+            }
+        }
+    }
+    Ok(predicted)
+}
+
+/// τ_h among the predictions themselves, plus "never": the highest Hit@10 − cost · hybrid
+/// rate; among equals the higher τ (fewer hybrid calls).
+fn best_tau(examples: &[GainExample], predicted: &[f64], cost_per_hybrid: f64) -> f64 {
+    let mut candidates: Vec<f64> = predicted
+        .iter()
+        .copied()
+        .filter(|p| p.is_finite())
+        .collect();
+    candidates.push(f64::INFINITY);
+    candidates.sort_by(f64::total_cmp);
+    candidates.dedup();
+    let objective = |tau: f64| {
+        let (hit, rate) = outcome(examples, predicted, tau);
+        hit - cost_per_hybrid * rate
+    };
+    candidates
+        .iter()
+        .copied()
+        .rev()
+        .max_by(|a, b| objective(*a).total_cmp(&objective(*b)).then(a.total_cmp(b)))
+        .unwrap_or(f64::INFINITY)
+}
+
 impl GainPolicy {
     /// Fit on dev examples: out-of-fold predictions over five document-grouped folds choose τ_h
     /// (among the predictions themselves, plus "never"), then the ridge is refitted on all rows.
     pub fn fit(examples: &[GainExample], cost_per_hybrid: f64) -> Result<Self> {
         if examples.len() < 2 * NUM_FOLDS as usize {
-            return Err(RouterError::Invalid(format!(
+            return Err(PolicyError::Invalid(format!(
                 "the gain policy needs at least {} examples, got {}",
                 2 * NUM_FOLDS,
                 examples.len()
             )));
         }
-        let groups: BTreeMap<&str, u64> = examples
-            .iter()
-            .map(|e| e.group.as_str())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .enumerate()
-            .map(|(i, g)| (g, i as u64 % NUM_FOLDS))
-            .collect();
-        let fold_of = |e: &GainExample| groups[e.group.as_str()];
-        let mut predicted = vec![f64::NAN; examples.len()];
-        for fold in 0..NUM_FOLDS {
-            let train: Vec<&GainExample> = examples.iter().filter(|e| fold_of(e) != fold).collect();
-            if train.len() < 2 || train.len() == examples.len() {
-                continue;
-            }
-            let (x, y) = rows(&train);
-            let ridge = RidgeModel::fit(&x, &y, RIDGE_PENALTY)?;
-            for (i, e) in examples.iter().enumerate() {
-                if fold_of(e) == fold {
-                    predicted[i] = ridge.predict(&e.features)?;
-                }
-            }
-        }
-        let mut candidates: Vec<f64> = predicted
-            .iter()
-            .copied()
-            .filter(|p| p.is_finite())
-            .collect();
-        candidates.push(f64::INFINITY);
-        candidates.sort_by(f64::total_cmp);
-        candidates.dedup();
-        let objective = |tau: f64| {
-            let (hit, rate) = outcome(examples, &predicted, tau);
-            hit - cost_per_hybrid * rate
-        };
-        // Highest objective; among equals the higher τ (fewer hybrid calls).
-        let tau_h = candidates
-            .iter()
-            .copied()
-            .rev()
-            .max_by(|a, b| objective(*a).total_cmp(&objective(*b)).then(a.total_cmp(b)))
-            .unwrap_or(f64::INFINITY);
+        let groups = fold_of_group(examples);
+        let predicted = out_of_fold(examples, &groups)?;
+        let tau_h = best_tau(examples, &predicted, cost_per_hybrid);
         let (hit_policy, hybrid_rate) = outcome(examples, &predicted, tau_h);
         let (hit_dense_always, _) = outcome(examples, &predicted, f64::INFINITY);
         let (hit_hybrid_always, _) = outcome(examples, &predicted, f64::NEG_INFINITY);
@@ -189,12 +205,6 @@ impl GainPolicy {
     pub fn load(path: &Path) -> Result<Self> {
         Ok(Self { model: thaw(path)? })
     }
-}
-
-/// Whether a dev example's group belongs to the held-out tenth (kept out of `train gain-policy`
-/// so the evaluation issue can test on it).
-pub fn is_test_group(group: &str) -> bool {
-    is_held_out(group, 10)
 }
 
 #[cfg(test)]

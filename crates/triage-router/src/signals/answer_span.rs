@@ -176,10 +176,6 @@ impl SpanMonitor {
         decision
     }
 
-    pub fn monitor(&self) -> &EntropyMonitor {
-        &self.monitor
-    }
-
     /// Mean value over the answer span's first `window` tokens (the monitor's statistic).
     pub fn span_mean(&self) -> Option<f32> {
         self.monitor.mean()

@@ -12,7 +12,7 @@ use triage_retrieval::Corpus;
 
 use crate::error::{Result, RouterError};
 use crate::generator::{Generator, ModelRole, PinnedPrefix};
-use crate::routing_config::{RoutePath, RoutingConfig};
+use crate::{RoutePath, RoutingConfig};
 
 /// Tokens kept free after a corpus prefix for the question and the answer.
 pub const QUESTION_HEADROOM: usize = 256;

@@ -1,42 +1,25 @@
 //! The query classifier: point-extraction (retrieval can answer it) versus global synthesis
 //! (summaries, themes, comparisons across documents: only the whole corpus can). Two
 //! implementations behind one trait: a logistic regression over the sentence embedding, and the
-//! router model zero-shot (the logprob of each label).
+//! router model zero-shot (the logprob of each label). The model-free halves (the logistic's
+//! fit and score, the training file, the best threshold, accuracy and AUROC) are in
+//! `triage-policy`; this file embeds and asks the model.
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 use triage_engine::SamplingParams;
 use triage_engine::{EntropySettings, GenerateRequest, Prompt};
 use triage_models::chat_template::ChatMessage;
 use triage_retrieval::Embedder;
 
-pub use triage_types::QueryClass;
+use triage_policy::{
+    best_threshold_of, freeze, thaw, Classification, ClassifierQuality, LabelledQuery,
+    LearnedClassifierModel,
+};
+use triage_types::QueryClass;
 
 use crate::error::{Result, RouterError};
 use crate::generator::{Generator, ModelRole};
-use crate::linear::{freeze, thaw, LogisticModel};
-
-/// One classified query.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Classification {
-    pub label: QueryClass,
-    /// P(global).
-    pub p_global: f32,
-}
-
-impl Classification {
-    fn from_p_global(p_global: f64, threshold: f64) -> Self {
-        Self {
-            label: if p_global >= threshold {
-                QueryClass::Global
-            } else {
-                QueryClass::Point
-            },
-            p_global: p_global as f32,
-        }
-    }
-}
 
 /// What a classifier may use.
 pub struct ClassifyWith<'a> {
@@ -55,41 +38,23 @@ pub trait QueryClassifier {
     ) -> Result<Vec<Classification>>;
 }
 
-/// The learned classifier's frozen content.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LearnedClassifierModel {
-    /// The embedder the features come from (`name:dim:max_len`); another one is refused.
-    pub embedder_id: String,
-    pub logistic: LogisticModel,
-    /// P(global) at or above which a query is global.
-    pub threshold: f64,
-}
-
 /// Logistic regression over the query's sentence embedding.
 #[derive(Debug, Clone)]
 pub struct LearnedClassifier {
     pub model: LearnedClassifierModel,
 }
 
-/// L2 penalty of the fit: strong enough that 384 features on a few hundred rows do not overfit.
-const L2: f64 = 1e-2;
-
 impl LearnedClassifier {
     /// Fit on labelled queries.
     pub fn fit(embedder: &dyn Embedder, queries: &[&str], labels: &[QueryClass]) -> Result<Self> {
         let rows = embedder.embed(queries)?;
-        let targets: Vec<bool> = labels.iter().map(|&l| l == QueryClass::Global).collect();
         Ok(Self {
-            model: LearnedClassifierModel {
-                embedder_id: embedder.id(),
-                logistic: LogisticModel::fit(&rows, &targets, L2)?,
-                threshold: 0.5,
-            },
+            model: LearnedClassifierModel::fit(embedder.id(), &rows, labels)?,
         })
     }
 
     pub fn save(&self, path: &Path) -> Result<String> {
-        freeze(&self.model, path)
+        Ok(freeze(&self.model, path)?)
     }
 
     pub fn load(path: &Path) -> Result<Self> {
@@ -117,10 +82,7 @@ impl QueryClassifier for LearnedClassifier {
         with.embedder
             .embed(queries)?
             .iter()
-            .map(|row| {
-                let p = self.model.logistic.predict(row)?;
-                Ok(Classification::from_p_global(p, self.model.threshold))
-            })
+            .map(|row| Ok(self.model.classify(row)?))
             .collect()
     }
 }
@@ -232,54 +194,6 @@ impl QueryClassifier for ZeroShotClassifier {
     }
 }
 
-/// One labelled query of a training file (JSON lines, written by
-/// `data/query-classes/make.py`).
-#[derive(Debug, Clone, Deserialize)]
-pub struct LabelledQuery {
-    pub query: String,
-    pub label: QueryClass,
-    /// Rows of one group (a template, an article) land on the same side of a held-out split.
-    #[serde(default)]
-    pub group: String,
-}
-
-/// Read a labelled-query file; a malformed line is an error naming its line number.
-pub fn read_labelled(path: &Path) -> Result<Vec<LabelledQuery>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| RouterError::Invalid(format!("reading {}: {e}", path.display())))?;
-    let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let row: LabelledQuery = serde_json::from_str(line)
-            .map_err(|e| RouterError::Invalid(format!("{}:{}: {e}", path.display(), i + 1)))?;
-        rows.push(row);
-    }
-    if rows.is_empty() {
-        return Err(RouterError::Invalid(format!(
-            "{} has no rows",
-            path.display()
-        )));
-    }
-    Ok(rows)
-}
-
-/// Whether a group is held out: a stable hash of its name, one group in `1/every`.
-pub fn is_held_out(group: &str, every: u64) -> bool {
-    // FNV-1a: stable across runs and platforms, unlike the std hasher.
-    triage_core::fnv1a(group).is_multiple_of(every.max(1))
-}
-
-/// How well a classifier labels `rows`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct ClassifierQuality {
-    /// Fraction labelled correctly at the classifier's own threshold.
-    pub accuracy: f64,
-    /// Threshold-free: P(global) of a random global query above a random point query.
-    pub auroc: Option<f64>,
-}
-
 /// The threshold on P(global) that labels `rows` best (ties: the middle of the best run), from
 /// the classifier's scores; for calibrating the zero-shot classifier on training rows.
 pub fn best_threshold(
@@ -294,37 +208,7 @@ pub fn best_threshold(
             scored.push((f64::from(c.p_global), r.label == QueryClass::Global));
         }
     }
-    Ok(threshold_for(scored))
-}
-
-/// The threshold on scores that labels `(score, is_global)` pairs best.
-fn threshold_for(mut scored: Vec<(f64, bool)>) -> f64 {
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    // Threshold between positions i-1 and i: everything from i on is global.
-    let total_global = scored.iter().filter(|s| s.1).count();
-    let (mut best, mut best_correct) = (0.5, 0);
-    let mut point_below = 0;
-    let mut global_below = 0;
-    for i in 0..=scored.len() {
-        let correct = point_below + (total_global - global_below);
-        if correct > best_correct {
-            best_correct = correct;
-            best = match (i.checked_sub(1).map(|j| scored[j].0), scored.get(i)) {
-                (Some(lo), Some(hi)) => (lo + hi.0) / 2.0,
-                (None, Some(hi)) => hi.0,
-                (Some(lo), None) => lo + 1e-9,
-                (None, None) => 0.5,
-            };
-        }
-        if let Some(&(_, global)) = scored.get(i) {
-            if global {
-                global_below += 1;
-            } else {
-                point_below += 1;
-            }
-        }
-    }
-    best
+    Ok(best_threshold_of(scored))
 }
 
 /// Accuracy and AUROC of a classifier on `rows`.
@@ -341,57 +225,5 @@ pub fn evaluate(
     for chunk in queries.chunks(32) {
         classified.extend(classifier.classify(chunk, with)?);
     }
-    let correct = classified
-        .iter()
-        .zip(rows)
-        .filter(|(c, r)| c.label == r.label)
-        .count();
-    let scores: Vec<f64> = classified.iter().map(|c| f64::from(c.p_global)).collect();
-    let labels: Vec<bool> = rows.iter().map(|r| r.label == QueryClass::Global).collect();
-    Ok(ClassifierQuality {
-        accuracy: correct as f64 / rows.len() as f64,
-        auroc: crate::linear::auroc(&scores, &labels),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_threshold_separates_the_classes_where_they_meet() {
-        let scored = vec![
-            (0.1, false),
-            (0.15, false),
-            (0.2, true),
-            (0.3, true),
-            (0.05, false),
-        ];
-        assert!((threshold_for(scored) - 0.175).abs() < 1e-12);
-        // One overlap: the best split still misclassifies one query.
-        let scored = vec![
-            (0.1, false),
-            (0.4, false),
-            (0.3, true),
-            (0.6, true),
-            (0.7, true),
-        ];
-        let t = threshold_for(scored);
-        assert!(t > 0.1 && t <= 0.3, "{t}");
-    }
-
-    #[test]
-    fn held_out_groups_are_a_stable_fifth() {
-        let held: Vec<bool> = (0..1000)
-            .map(|i| is_held_out(&format!("g{i}"), 5))
-            .collect();
-        let n = held.iter().filter(|&&h| h).count();
-        assert!((150..250).contains(&n), "{n} of 1000 held out");
-        assert_eq!(
-            held,
-            (0..1000)
-                .map(|i| is_held_out(&format!("g{i}"), 5))
-                .collect::<Vec<_>>()
-        );
-    }
+    Ok(ClassifierQuality::of(&classified, rows)?)
 }

@@ -1,4 +1,5 @@
-//! The hidden-state probe that decides before decoding: a mass-mean probe over the base model's
+//! The hidden-state probe that decides before decoding, and its out-of-fold scores for the
+//! evaluation. The probe that decides before decoding: a mass-mean probe over the base model's
 //! residual stream at one layer, read at the last prompt token of the RAG prompt — which the
 //! first generated token carries, from the prefill's own forward pass — so a query whose
 //! retrieved context the model cannot answer from goes to long context without spending the
@@ -6,11 +7,10 @@
 
 use std::path::Path;
 
+use crate::error::{PolicyError, Result};
+use crate::frozen::{freeze, thaw};
+use crate::linear::MassMeanProbe;
 use serde::{Deserialize, Serialize};
-use triage_types::linear::MassMeanProbe;
-
-use crate::error::{Result, RouterError};
-use crate::linear::{freeze, thaw};
 
 /// The frozen probe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,17 +34,17 @@ impl ProbeModel {
         max_false_escalation: f64,
     ) -> Result<Self> {
         if !(0.0..1.0).contains(&max_false_escalation) {
-            return Err(RouterError::Invalid(format!(
+            return Err(PolicyError::Invalid(format!(
                 "the probe's false-escalation rate is a share in [0, 1), not {max_false_escalation}"
             )));
         }
         let probe = MassMeanProbe::fit(rows).ok_or_else(|| {
-            RouterError::Invalid("a probe needs both right and wrong answers to fit on".into())
+            PolicyError::Invalid("a probe needs both right and wrong answers to fit on".into())
         })?;
         // `MassMeanProbe::fit` has seen both labels, so there are right answers.
         let threshold = probe
             .threshold(rows, max_false_escalation)?
-            .ok_or_else(|| RouterError::Invalid("the probe has no right answers".into()))?;
+            .ok_or_else(|| PolicyError::Invalid("the probe has no right answers".into()))?;
         Ok(Self {
             model_id: model_id.to_string(),
             layer,
@@ -66,6 +66,32 @@ impl ProbeModel {
     pub fn load(path: &Path) -> Result<Self> {
         thaw(path)
     }
+}
+
+/// Scores of each fold's answers by the mass-mean probe fitted on the other folds, for an
+/// offline AUROC: `data` holds each answer's fold (below `num_folds`, see
+/// [`crate::fold_of`]), its state, and whether it was wrong. Folds whose training answers are
+/// all right or all wrong are skipped, and so are states of another width than the probe's (a
+/// run mixing models has others).
+pub fn out_of_fold_scores(data: &[(u64, &[f32], bool)], num_folds: u64) -> (Vec<f64>, Vec<bool>) {
+    let (mut scores, mut labels) = (Vec::new(), Vec::new());
+    for fold in 0..num_folds {
+        let train: Vec<(&[f32], bool)> = data
+            .iter()
+            .filter(|d| d.0 != fold)
+            .map(|d| (d.1, d.2))
+            .collect();
+        let Some(probe) = MassMeanProbe::fit(&train) else {
+            continue;
+        };
+        for d in data.iter().filter(|d| d.0 == fold) {
+            if let Ok(score) = probe.score(d.1) {
+                scores.push(score);
+                labels.push(d.2);
+            }
+        }
+    }
+    (scores, labels)
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use triage_retrieval::{
 
 use crate::error::{Result, RouterError};
 use crate::generator::Generator;
-use crate::llm_reranker::LlmReranker;
-use crate::pseudo_passage::{write_pseudo_passage, PSEUDO_PASSAGE_TOKENS};
+use crate::retrieve::llm_reranker::LlmReranker;
+use crate::retrieve::pseudo_passage::{write_pseudo_passage, PSEUDO_PASSAGE_TOKENS};
 
 /// Number of dense hits the features look at (the study's top 10).
 const FEATURE_DEPTH: usize = 10;
