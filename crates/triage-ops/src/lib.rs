@@ -11,7 +11,6 @@ mod elem;
 pub mod entropy_window;
 pub mod error;
 pub mod flash_attention;
-pub mod heap;
 mod kernel_choice;
 pub mod kquant_matmul;
 pub mod launch;
