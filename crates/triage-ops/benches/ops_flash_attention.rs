@@ -16,6 +16,7 @@ use triage_ops::flash_attention::{
     flash_attention_with, AttentionKernel, AttentionShape, KvRows, SeqKeys,
 };
 use triage_ops::paged_attention::{paged_attention_slow, PagedAttentionMetadata};
+use triage_ops::KernelChoice;
 
 const SHAPE: AttentionShape = AttentionShape {
     num_heads: 12,

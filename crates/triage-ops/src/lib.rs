@@ -2,6 +2,7 @@
 //! `cuda` feature) a CUDA implementation behind the same API.
 #![deny(unsafe_code)]
 
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
@@ -11,18 +12,17 @@ mod elem;
 pub mod entropy_window;
 pub mod error;
 pub mod flash_attention;
-mod kernel_choice;
 pub mod kquant_matmul;
 pub mod launch;
 pub mod logits_reduce;
 pub mod paged_attention;
-mod pool;
 pub mod q8_matmul;
 pub mod rms_norm;
 pub mod rope_and_cache;
 pub mod silu_mul;
 pub mod step_graph;
 
+pub use cpu::KernelChoice;
 pub use error::{OpsError, Result};
 pub use kquant_matmul::{
     kquant_matmul, kquant_matmul_quantized, kquant_matmul_slow, KQuantKernel, KQuantMatrix,

@@ -6,20 +6,18 @@ use super::packed_q4k::{self, PackedQ4K};
 use super::packed_q6k::{self, PackedQ6K};
 use super::tiles::TILE_ROWS;
 use super::{Acts, KQuantData, KQuantKernel, KQuantMatrix, Q8KRows, AMX_ROWS, QK_K, TILE_A};
+use crate::cpu::Isa;
 
 /// The kernels this CPU can run, slowest first.
 pub(super) fn available() -> Vec<KQuantKernel> {
+    let isa = Isa::get();
     let mut kernels = vec![KQuantKernel::Portable];
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") && has!("f16c") {
-            kernels.push(KQuantKernel::Avx2);
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                kernels.push(KQuantKernel::Avx512Vnni);
-                if crate::q8_matmul::amx::usable() {
-                    kernels.push(KQuantKernel::Amx);
-                }
+    if isa.avx2_fma() && isa.f16c {
+        kernels.push(KQuantKernel::Avx2);
+        if isa.avx512f && isa.avx512bw && isa.avx512vnni {
+            kernels.push(KQuantKernel::Avx512Vnni);
+            if isa.amx_int8() {
+                kernels.push(KQuantKernel::Amx);
             }
         }
     }

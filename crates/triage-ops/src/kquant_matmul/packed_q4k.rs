@@ -123,7 +123,7 @@ pub(super) unsafe fn amx_tiles(
     rows: usize,
     out: &mut [[f32; TILE_ROWS]; amx::AMX_ROWS],
 ) {
-    let mut tiles = crate::q8_matmul::amx::Hardware;
+    let mut tiles = crate::cpu::amx::Hardware;
     // SAFETY: the caller's contract.
     unsafe { amx::tile_amx(&mut tiles, w, t, act, c0, rows, out) }
 }

@@ -5,7 +5,7 @@
 //! sum is the module's `Σ q · a` of one sub-block exactly; the scales, mins and float steps are
 //! the VNNI kernel's, so the bits are the portable loop's.
 //!
-//! The tile instructions and their software model are `q8_matmul::amx`'s.
+//! The tile instructions and their software model are `cpu::amx`'s.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use super::super::tiles::TILE_ROWS;
 use super::super::Acts;
 use super::{PackedQ4K, DMIN_AT, D_AT, QS_AT, SCALES_AT};
-use crate::q8_matmul::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
+use crate::cpu::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
 
 /// Activation rows a call takes: one A tile.
 pub(in super::super) const AMX_ROWS: usize = 16;

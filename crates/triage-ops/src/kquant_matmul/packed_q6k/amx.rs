@@ -4,7 +4,7 @@
 //! the low and high bits as the VNNI kernel widens them), giving the module's `Σ q · a` exactly;
 //! centring, scales and float steps are the VNNI kernel's, so the bits are the portable loop's.
 //!
-//! The tile instructions and their software model are `q8_matmul::amx`'s.
+//! The tile instructions and their software model are `cpu::amx`'s.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -12,7 +12,7 @@ use std::arch::x86_64::*;
 use super::super::tiles::TILE_ROWS;
 use super::super::{Acts, AMX_ROWS};
 use super::{PackedQ6K, D_AT, QH_AT, QL_AT, SCALES_AT};
-use crate::q8_matmul::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
+use crate::cpu::amx::{Aligned, TileConfig, Tiles, TA, TB, TC};
 
 /// Sub-blocks per super-block, values in each, and those in flight at once (one C tile each).
 const SUB_BLOCKS: usize = 16;
