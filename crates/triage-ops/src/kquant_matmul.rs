@@ -13,8 +13,11 @@ use candle_core::{DType, Device, Tensor};
 use crate::cpu::{KernelCells, KernelChoice};
 use crate::{OpsError, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod blocks;
 mod cpu;
+mod packed;
 mod packed_q4k;
 mod packed_q6k;
 mod tiles;
@@ -25,11 +28,7 @@ pub const QK_K: usize = 256;
 const TASK_ROWS: usize = tiles::TILE_ROWS;
 /// Activation rows per register tile.
 const TILE_A: usize = 4;
-/// Activation rows per AMX tile (`packed_q4k::amx`); the output tiles every kernel fills hold
-/// this many rows.
-#[cfg(target_arch = "x86_64")]
-const AMX_ROWS: usize = packed_q4k::amx::AMX_ROWS;
-#[cfg(not(target_arch = "x86_64"))]
+/// Activation rows per AMX tile (`amx`): one A tile's 16 rows.
 const AMX_ROWS: usize = 16;
 /// Activation rows reused against one task's weights before moving on.
 const ROW_CHUNK: usize = 16;

@@ -35,15 +35,10 @@ pub(crate) struct TileConfig {
 }
 
 impl TileConfig {
-    /// tmm0: `rows` rows × 32 bytes (A: a block of 32 values of `rows` activation rows);
-    /// tmm1, tmm2: 8 × 64 (B: 8 steps of 16 weight rows × 4 values); tmm4..tmm7: `rows` × 64
-    /// (C: int32 sums of 16 weight rows). The rest unused (0 × 0).
-    pub(crate) fn rows(rows: usize) -> Self {
-        Self::shape(rows, 32)
-    }
-
-    /// As `rows`, with `a_bytes` values per A row (a multiple of 4, up to 64) and B tiles of
-    /// `a_bytes / 4` steps.
+    /// tmm0: `rows` rows × `a_bytes` (A: `a_bytes` values, a multiple of 4 up to 64, of `rows`
+    /// activation rows); tmm1, tmm2: `a_bytes / 4` × 64 (B: that many steps of 16 weight rows ×
+    /// 4 values); tmm4..tmm7: `rows` × 64 (C: int32 sums of 16 weight rows). The rest unused
+    /// (0 × 0).
     pub(crate) fn shape(rows: usize, a_bytes: usize) -> Self {
         assert!((1..=16).contains(&rows), "a tile has 1 to 16 rows");
         assert!(a_bytes.is_multiple_of(4) && (4..=64).contains(&a_bytes));

@@ -243,10 +243,10 @@ fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
                 unsafe {
                     match &w.data {
                         KQuantData::PackedQ4K(p) => {
-                            packed_q4k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                            amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
                         }
                         KQuantData::PackedQ6K(p) => {
-                            packed_q6k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                            amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
                         }
                     }
                 };
