@@ -9,14 +9,10 @@
 //! out of bounds.
 #![allow(unsafe_code)]
 
-use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CudaDevice, CudaStorage, Layout, Shape, Storage, Tensor};
 
 use crate::launch::{self, LaunchGeometry};
 use crate::{OpsError, Result};

@@ -2,17 +2,14 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CudaDevice, CudaStorage, DType, Storage, Tensor};
 
 use super::EntropyWindowParams;
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
-use crate::launch::{self, LaunchGeometry};
+use crate::cuda::{c_int, config, kernel, tensor_view, Module};
+use crate::launch::{self};
 use crate::{OpsError, Result};
 
 /// One step of every sequence's entropy window on the device: `stats` is the packed

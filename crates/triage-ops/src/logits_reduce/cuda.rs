@@ -3,17 +3,12 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{CudaDevice, CudaStorage, Layout, WithDType};
 
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
+use crate::cuda::{c_int, config, kernel, view, wrap, Module};
 use crate::launch::{self, LaunchGeometry};
-use crate::{OpsError, Result};
 
 /// `FusedLogitsReduce::cuda_fwd`: `logits_reduce_<dtype>` over `num_rows` rows of `vocab`
 /// logits into the packed `[num_rows, 4 + 2k]` f32 output; a row longer than one chunk

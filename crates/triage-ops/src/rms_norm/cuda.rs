@@ -2,17 +2,13 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Storage, Tensor, WithDType};
 
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
+use crate::cuda::{c_int, config, kernel, view, wrap, Module};
 use crate::launch::{self, LaunchGeometry};
-use crate::{OpsError, Result};
 
 /// The residual argument of `add_rms_norm_<dtype>`: written with a delta, only read without.
 enum Residual<'a> {

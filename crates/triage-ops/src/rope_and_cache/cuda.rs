@@ -2,16 +2,13 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CudaStorage, Layout, Storage, Tensor, WithDType};
 
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
-use crate::launch::{self, LaunchGeometry};
+use crate::cuda::{c_int, config, kernel, tensor_view, view, wrap, Module};
+use crate::launch::{self};
 use crate::paged_attention::check_slots;
 use crate::{OpsError, Result};
 

@@ -2,17 +2,12 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CudaDevice, CudaStorage, Layout, WithDType};
 
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
+use crate::cuda::{c_int, config, kernel, view, wrap, Module};
 use crate::launch::{self, LaunchGeometry};
-use crate::{OpsError, Result};
 
 /// `SiluMul::cuda_fwd`: `silu_mul_<dtype>` over `rows` rows of `[gate | up]` (`2 · inter` wide).
 pub(crate) fn silu_mul_fwd(

@@ -3,16 +3,12 @@
 #![allow(unsafe_code)]
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaGraph, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PinnedHostSlice,
-    PushKernelArg,
-};
-use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::cuda_backend::cudarc::driver::{CudaGraph, PinnedHostSlice};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaStorage, Layout, Tensor};
 
-use crate::cuda::{c_int, config, f32_tensor, kernel, tensor_view, view, wrap, Module};
-use crate::launch::{self, LaunchGeometry};
+use crate::cuda::{kernel, view};
+use crate::launch::{self};
 use crate::{OpsError, Result};
 
 /// Pinned host memory a [`crate::step_graph::StepBuffer`] is written from: one asynchronous
