@@ -14,7 +14,7 @@ use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaDevice, CudaStorage, Layout, Shape, Storage, Tensor};
 
-use crate::launch::{self, LaunchGeometry};
+use crate::launch::LaunchGeometry;
 use crate::{OpsError, Result};
 
 /// One `.cu` file of `kernels/`, compiled to PTX by `build.rs`.

@@ -1,7 +1,6 @@
 //! The CUDA form of the entropy window's step (`kernels/entropy_window.cu`).
 #![allow(unsafe_code)]
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::op::BackpropOp;

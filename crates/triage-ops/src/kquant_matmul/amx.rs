@@ -103,19 +103,15 @@ pub(super) unsafe fn tile_amx<T: Tiles, const BYTES: usize>(
                     tiles.dot(c, TA, bt);
                     tiles.store(c, sums.0[k].as_mut_ptr().cast(), BC_ROW_BYTES);
                 }
-                for k in 0..IN_FLIGHT {
-                    for c in 0..rows {
-                        let (_, _, bsums) = act.block(c0 + c, b);
-                        let dots = _mm512_loadu_si512(sums.0[k][c].as_ptr().cast());
-                        sum[c] = PackedTiles::<BYTES>::add_sub_block(
-                            tile,
-                            first + k,
-                            dots,
-                            bsums,
-                            sum[c],
-                        );
-                    }
-                }
+                add_in_flight::<PackedTiles<BYTES>>(
+                    tile,
+                    first,
+                    &sums.0,
+                    act,
+                    (c0, rows),
+                    b,
+                    &mut sum,
+                );
             }
             for c in 0..rows {
                 let (ya, _, bsums) = act.block(c0 + c, b);
@@ -125,6 +121,34 @@ pub(super) unsafe fn tile_amx<T: Tiles, const BYTES: usize>(
         tiles.release();
         for c in 0..rows {
             _mm512_storeu_ps(out[c].as_mut_ptr(), acc[c]);
+        }
+    }
+}
+
+/// Adds the dot products of the sub-blocks in flight from `first` on (`sums[k][c]`: sub-block
+/// `first + k`, activation row `c0 + c`) to each row's integer sum of super-block `b`.
+///
+/// # Safety
+/// As for `AmxLayout::add_sub_block`; `act` holds rows `c0..c0 + rows`.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn add_in_flight<L: AmxLayout>(
+    tile: *const u8,
+    first: usize,
+    sums: &[[[i32; TILE_ROWS]; AMX_ROWS]; IN_FLIGHT],
+    act: &Acts,
+    (c0, rows): (usize, usize),
+    b: usize,
+    sum: &mut [__m512i; AMX_ROWS],
+) {
+    for k in 0..IN_FLIGHT {
+        for c in 0..rows {
+            let (_, _, bsums) = act.block(c0 + c, b);
+            // SAFETY: the caller's contract; `sums[k][c]` is 16 int32.
+            unsafe {
+                let dots = _mm512_loadu_si512(sums[k][c].as_ptr().cast());
+                sum[c] = L::add_sub_block(tile, first + k, dots, bsums, sum[c]);
+            }
         }
     }
 }

@@ -3,7 +3,6 @@
 //! and the merge of their partitions.
 #![allow(unsafe_code)]
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaStorageSlice, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Storage, Tensor, WithDType};

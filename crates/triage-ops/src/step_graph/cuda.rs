@@ -7,8 +7,6 @@ use candle_core::cuda_backend::cudarc::driver::{CudaGraph, PinnedHostSlice};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, Layout, Tensor};
 
-use crate::cuda::{kernel, view};
-use crate::launch::{self};
 use crate::{OpsError, Result};
 
 /// Pinned host memory a [`crate::step_graph::StepBuffer`] is written from: one asynchronous
