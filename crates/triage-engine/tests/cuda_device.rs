@@ -21,7 +21,7 @@ use triage_models::model::Model;
 use triage_models::paged_kv_cache::{default_kv_dtype, PagedSequence};
 use triage_models::transformer::LoadOptions;
 use triage_models::DeviceSpec;
-use triage_ops::cuda::entropy_window_cuda;
+use triage_ops::entropy_window::entropy_window_cuda;
 use triage_ops::entropy_window::{
     EntropyWindowParams, DECISION_ACCEPT, DECISION_CONTINUE, DECISION_ESCALATE,
 };

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use triage_ops::entropy_window::{EntropyWindowParams, STATE_WIDTH};
 use triage_ops::launch::{self, LaunchGeometry};
 use triage_ops::packed_width;
-use triage_ops::paged_attention::{check_slots, KernelRows};
+use triage_ops::{check_slots, KernelRows};
 
 /// Why a simulated launch did not run to the end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -652,7 +652,7 @@ pub struct RopeAndCacheBuffers<'a, T> {
 
 /// `rope_and_cache_<dtype>` with the shipped geometry for `shape`.
 pub fn rope_and_cache<T: Elem>(
-    shape: triage_ops::rope_and_cache::QkvShape,
+    shape: triage_ops::QkvShape,
     b: RopeAndCacheBuffers<'_, T>,
 ) -> Result<()> {
     let heads = shape.num_heads + 2 * shape.kv_heads;

@@ -3,7 +3,7 @@
 //! paged KV cache (`paged_kv_cache`) is the one implementation.
 
 use candle_core::Tensor;
-use triage_ops::rope_and_cache::QkvShape;
+use triage_ops::QkvShape;
 
 use crate::layers::RopeAt;
 use crate::Result;

@@ -239,17 +239,12 @@ impl RmsNorm {
 
     /// The norm of f32 `x` in `dtype` (the next GEMM's input), one kernel.
     pub fn forward_to(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
-        Ok(triage_ops::rms_norm::rms_norm_to(
-            x,
-            &self.weight,
-            self.eps,
-            dtype,
-        )?)
+        Ok(triage_ops::rms_norm_to(x, &self.weight, self.eps, dtype)?)
     }
 
     /// `residual += delta` in place, then the norm of it in `delta`'s dtype, one kernel.
     pub fn add_forward(&self, residual: &Tensor, delta: &Tensor) -> Result<Tensor> {
-        Ok(triage_ops::rms_norm::add_rms_norm(
+        Ok(triage_ops::add_rms_norm(
             residual,
             delta,
             &self.weight,

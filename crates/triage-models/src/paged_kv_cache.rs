@@ -5,11 +5,11 @@
 
 use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
-use triage_ops::paged_attention::{
+use triage_ops::{
     paged_attention_planned, paged_attention_rows, reshape_and_cache_mapped, slot_of, DeviceRows,
     PagedAttentionMetadata, PagedAttentionPlan, SlotMapping,
 };
-use triage_ops::rope_and_cache::{rope_and_cache, QkvShape, RopeInputs};
+use triage_ops::{rope_and_cache, QkvShape, RopeInputs};
 
 use crate::attention::{attend_split, AttentionBackend};
 use crate::config::ModelConfig;
@@ -429,7 +429,7 @@ pub struct DeviceDecodeStep<'a> {
 }
 
 impl<'a> DeviceDecodeStep<'a> {
-    /// `slots`: `[rows]` u32, [`triage_ops::paged_attention::PADDING_SLOT`] for padding rows.
+    /// `slots`: `[rows]` u32, [`triage_ops::PADDING_SLOT`] for padding rows.
     pub fn new(cache: &'a PagedKvCache, rows: &'a DeviceRows, slots: Tensor) -> Self {
         Self {
             cache,

@@ -3,8 +3,8 @@
 //! no cache policy.
 
 use candle_core::{DType, Device, Tensor};
-use triage_ops::rope_and_cache::QkvShape;
-use triage_ops::step_graph::upload_u32;
+use triage_ops::upload_u32;
+use triage_ops::QkvShape;
 
 use crate::attention::AttentionBackend;
 use crate::config::ModelConfig;
@@ -506,7 +506,7 @@ impl Transformer {
             layer.mlp.gate_up.forward_stacked(h)?.ok_or_else(|| {
                 ModelError::Invalid("a fused layer without a stacked gate/up".into())
             })?;
-        let act = triage_ops::silu_mul::silu_mul(&gate_up)?;
+        let act = triage_ops::silu_mul(&gate_up)?;
         layer.mlp.down.forward_in_weight_dtype(&act)
     }
 

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use triage_ops::{
-    kquant_matmul_quantized, q8_matmul_quantized, KQuantKernel, KQuantMatrix, KQuantType, Q8KRows,
-    Q8Kernel, Q8Matrix, Q8Rows,
+    kquant_matmul_quantized, q8_matmul_quantized, KQuantKernel, KQuantMatrix, KQuantType,
+    KernelChoice, Q8KRows, Q8Kernel, Q8Matrix, Q8Rows,
 };
 
 /// A weight of one decode step, with the width of its input.

@@ -12,10 +12,9 @@ use candle_core::{Device, Tensor};
 use criterion::Criterion;
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::flash_attention::{
-    flash_attention_with, AttentionKernel, AttentionShape, KvRows, SeqKeys,
-};
-use triage_ops::paged_attention::{paged_attention_slow, PagedAttentionMetadata};
+use triage_ops::KernelChoice;
+use triage_ops::{flash_attention_with, AttentionKernel, AttentionShape, KvRows, SeqKeys};
+use triage_ops::{paged_attention_slow, PagedAttentionMetadata};
 
 const SHAPE: AttentionShape = AttentionShape {
     num_heads: 12,

@@ -14,7 +14,8 @@ use candle_core::{Device, Module, Tensor};
 use criterion::Criterion;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use triage_ops::{
-    kquant_matmul, kquant_matmul_quantized, KQuantKernel, KQuantMatrix, KQuantType, Q8KRows,
+    kquant_matmul, kquant_matmul_quantized, KQuantKernel, KQuantMatrix, KQuantType, KernelChoice,
+    Q8KRows,
 };
 
 const ROWS: [usize; 4] = [1, 16, 128, 512];

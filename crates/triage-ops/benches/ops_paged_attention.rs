@@ -8,7 +8,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use criterion::Criterion;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::paged_attention::{paged_attention, paged_attention_slow, PagedAttentionMetadata};
+use triage_ops::{paged_attention, paged_attention_slow, PagedAttentionMetadata};
 
 const BLOCK_SIZE: usize = 16;
 const HEADS: usize = 14;

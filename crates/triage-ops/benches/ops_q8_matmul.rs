@@ -15,7 +15,9 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::Criterion;
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::{q8_matmul, q8_matmul_quantized, GgmlBlockType, Q8Kernel, Q8Matrix, Q8Rows};
+use triage_ops::{
+    q8_matmul, q8_matmul_quantized, GgmlBlockType, KernelChoice, Q8Kernel, Q8Matrix, Q8Rows,
+};
 
 const K: usize = 896;
 const N: usize = 4864;

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, D};
 use triage_ops::logits_reduce_packed;
-use triage_ops::paged_attention::{
+use triage_ops::{
     paged_attention_planned, paged_attention_rows, PagedAttentionMetadata, PagedAttentionPlan,
 };
 

@@ -1,6 +1,14 @@
 //! Settings and state layout of the `entropy_window_f32` kernel: the engine's `EntropyMonitor`
 //! (its CPU form) advanced on the device, one f64 `[sum, num_steps, decision, at_step]` row per
-//! sequence. Shared by the CUDA launch and the simulator tests; plain data, no CUDA.
+//! sequence. Shared by the CUDA launch (`cuda.rs` beside this file, `entropy_window_cuda`) and
+//! the simulator tests.
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+use crate::cuda::entropy_window as cuda;
+
+pub use cuda::entropy_window_cuda;
 
 /// Settings of one `entropy_window_f32` step (the engine's entropy threshold, flattened).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -14,6 +14,7 @@ use candle_core::{CpuStorage, DType, Layout, Storage, Tensor};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
+use crate::cpu::{Isa, KernelCells, KernelChoice};
 use crate::{OpsError, Result};
 use tile::{RowState, FEW_ROWS, KEY_TILE, LANES};
 
@@ -89,49 +90,35 @@ pub enum AttentionKernel {
     Avx512,
 }
 
-impl AttentionKernel {
-    /// The kernels this CPU can run, slowest first (detected once).
-    pub fn available() -> &'static [AttentionKernel] {
-        static AVAILABLE: std::sync::OnceLock<Vec<AttentionKernel>> = std::sync::OnceLock::new();
-        AVAILABLE.get_or_init(detect)
-    }
+impl KernelChoice for AttentionKernel {
+    /// Its names: `portable`, `avx2`, `avx512`.
+    const ENV: &'static str = "TRIAGE_ATTENTION_KERNEL";
+    const PORTABLE: Self = AttentionKernel::Portable;
 
-    /// The fastest kernel this CPU runs, or the one `TRIAGE_ATTENTION_KERNEL` names (`portable`,
-    /// `avx2`, `avx512`) when the CPU runs it. Read once.
-    pub fn best() -> AttentionKernel {
-        static BEST: std::sync::OnceLock<AttentionKernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            crate::kernel_choice::chosen("TRIAGE_ATTENTION_KERNEL", Self::available(), Self::name)
-                .unwrap_or(AttentionKernel::Portable)
-        })
-    }
-
-    /// The kernel's name for `TRIAGE_ATTENTION_KERNEL`.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             AttentionKernel::Portable => "portable",
             AttentionKernel::Avx2 => "avx2",
             AttentionKernel::Avx512 => "avx512",
         }
     }
-}
 
-fn detect() -> Vec<AttentionKernel> {
-    #[allow(unused_mut)]
-    let mut kernels = vec![AttentionKernel::Portable];
-    #[cfg(target_arch = "x86_64")]
-    {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        if avx2 {
+    fn detect() -> Vec<Self> {
+        let isa = Isa::get();
+        let mut kernels = vec![AttentionKernel::Portable];
+        if isa.avx2_fma() && isa.f16c {
             kernels.push(AttentionKernel::Avx2);
-            if is_x86_feature_detected!("avx512f") {
+            if isa.avx512f {
                 kernels.push(AttentionKernel::Avx512);
             }
         }
+        kernels
     }
-    kernels
+
+    fn cells() -> &'static KernelCells<Self> {
+        static CELLS: KernelCells<AttentionKernel> = KernelCells::new();
+        &CELLS
+    }
 }
 
 /// Causal attention of `q` (`[tokens, num_heads, head_dim]`, row-major) over the caches `k` and
@@ -171,7 +158,7 @@ pub fn flash_attention_with(
         seqs,
     };
     let tasks = tasks(shape, seqs, candle_core::utils::get_num_threads());
-    let results = crate::pool::map(tasks.len(), |i| run_task(kernel, &inputs, &tasks[i]));
+    let results = crate::cpu::pool::map(tasks.len(), |i| run_task(kernel, &inputs, &tasks[i]));
     let (heads, d) = (shape.num_heads, shape.head_dim);
     let groups = heads / shape.kv_heads;
     let mut out = vec![0f32; q.len()];

@@ -10,10 +10,14 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::cpu::{KernelCells, KernelChoice};
 use crate::{OpsError, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod blocks;
 mod cpu;
+mod packed;
 mod packed_q4k;
 mod packed_q6k;
 mod tiles;
@@ -24,11 +28,7 @@ pub const QK_K: usize = 256;
 const TASK_ROWS: usize = tiles::TILE_ROWS;
 /// Activation rows per register tile.
 const TILE_A: usize = 4;
-/// Activation rows per AMX tile (`packed_q4k::amx`); the output tiles every kernel fills hold
-/// this many rows.
-#[cfg(target_arch = "x86_64")]
-const AMX_ROWS: usize = packed_q4k::amx::AMX_ROWS;
-#[cfg(not(target_arch = "x86_64"))]
+/// Activation rows per AMX tile (`amx`): one A tile's 16 rows.
 const AMX_ROWS: usize = 16;
 /// Activation rows reused against one task's weights before moving on.
 const ROW_CHUNK: usize = 16;
@@ -69,45 +69,31 @@ pub enum KQuantKernel {
     Amx,
 }
 
-impl KQuantKernel {
-    /// The kernels this CPU can run, slowest first (detected once).
-    pub fn available() -> &'static [KQuantKernel] {
-        static AVAILABLE: std::sync::OnceLock<Vec<KQuantKernel>> = std::sync::OnceLock::new();
-        AVAILABLE.get_or_init(cpu::available)
-    }
+impl KernelChoice for KQuantKernel {
+    const ENV: &'static str = "TRIAGE_KQUANT_KERNEL";
+    const PORTABLE: Self = KQuantKernel::Portable;
 
-    /// The fastest measured kernel, or the one `TRIAGE_KQUANT_KERNEL` names when this CPU runs
-    /// it. AMX is taken only when named (see `KQuantKernel::Amx`).
-    pub fn best() -> KQuantKernel {
-        static BEST: std::sync::OnceLock<KQuantKernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let available = Self::available();
-            std::env::var("TRIAGE_KQUANT_KERNEL")
-                .ok()
-                .and_then(|name| Self::from_name(&name))
-                .or_else(|| {
-                    available
-                        .iter()
-                        .rev()
-                        .copied()
-                        .find(|&k| k != KQuantKernel::Amx)
-                })
-                .unwrap_or(KQuantKernel::Portable)
-        })
-    }
-
-    /// The kernel of this `name`, if this CPU runs it.
-    pub fn from_name(name: &str) -> Option<KQuantKernel> {
-        crate::kernel_choice::named(Self::available(), name, Self::name)
-    }
-
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             KQuantKernel::Portable => "portable",
             KQuantKernel::Avx2 => "avx2",
             KQuantKernel::Avx512Vnni => "avx512-vnni",
             KQuantKernel::Amx => "amx",
         }
+    }
+
+    fn detect() -> Vec<Self> {
+        cpu::available()
+    }
+
+    /// AMX is taken only when named (see `KQuantKernel::Amx`).
+    fn measured(self) -> bool {
+        self != KQuantKernel::Amx
+    }
+
+    fn cells() -> &'static KernelCells<Self> {
+        static CELLS: KernelCells<KQuantKernel> = KernelCells::new();
+        &CELLS
     }
 }
 
@@ -281,7 +267,7 @@ impl Q8KRows {
         let quantize = |(x, q, s, d): &mut Q8KBlock| **d = blocks::quantize_q8k(x, q, s);
         if rows >= 4 {
             let per_row = cols / QK_K;
-            crate::pool::for_each_chunk_mut(&mut by_block, per_row, |_, row| {
+            crate::cpu::pool::for_each_chunk_mut(&mut by_block, per_row, |_, row| {
                 row.iter_mut().for_each(quantize)
             });
         } else {
@@ -375,12 +361,12 @@ pub fn kquant_matmul_quantized(
     };
     let (m, n) = (a.rows, w.rows);
     // Tasks are row tiles (output columns), on candle's pool like every triage op.
-    Ok(crate::pool::column_tasks(
+    Ok(crate::cpu::pool::column_tasks(
         m,
         n,
         TASK_ROWS,
         ROW_CHUNK,
-        crate::pool::TileLayout::ColumnMajor,
+        crate::cpu::pool::TileLayout::ColumnMajor,
         |w0, num_w, a0, num_a, tile| cpu::tiles(kernel, w, w0, num_w, a, a0, num_a, tile),
     ))
 }

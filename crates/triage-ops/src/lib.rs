@@ -1,7 +1,14 @@
 //! Custom tensor ops for triage: each has a CPU implementation, a `*_slow` reference and (with the
-//! `cuda` feature) a CUDA implementation behind the same API.
+//! `cuda` feature) a CUDA implementation behind the same API; the quantized matmuls and flash
+//! attention are CPU-only.
+//!
+//! The API is what this file exports. Modules are private, with three namespaces kept whole:
+//! `launch` (the launch geometry that the CUDA forms and the kernel simulator share; its functions
+//! are named after the ops), `cuda` (opening a device, its memory) and `entropy_window` (the
+//! device entropy window's settings and state layout).
 #![deny(unsafe_code)]
 
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
@@ -9,22 +16,23 @@ pub mod cuda;
 pub mod cuda;
 mod elem;
 pub mod entropy_window;
-pub mod error;
-pub mod flash_attention;
-pub mod heap;
-mod kernel_choice;
-pub mod kquant_matmul;
+mod error;
+mod flash_attention;
+mod kquant_matmul;
 pub mod launch;
-pub mod logits_reduce;
-pub mod paged_attention;
-mod pool;
-pub mod q8_matmul;
-pub mod rms_norm;
-pub mod rope_and_cache;
-pub mod silu_mul;
-pub mod step_graph;
+mod logits_reduce;
+mod paged_attention;
+mod q8_matmul;
+mod rms_norm;
+mod rope_and_cache;
+mod silu_mul;
+mod step_graph;
 
+pub use cpu::KernelChoice;
 pub use error::{OpsError, Result};
+pub use flash_attention::{
+    flash_attention, flash_attention_with, AttentionKernel, AttentionShape, KvRows, SeqKeys,
+};
 pub use kquant_matmul::{
     kquant_matmul, kquant_matmul_quantized, kquant_matmul_slow, KQuantKernel, KQuantMatrix,
     KQuantType, Q8KRows,
@@ -33,6 +41,16 @@ pub use logits_reduce::{
     logits_reduce, logits_reduce_packed, logits_reduce_slow, packed_width, FusedLogitsReduce,
     LogitsStats, MAX_PACKED_VOCAB, MAX_TOP_K,
 };
+pub use paged_attention::{
+    check_slots, paged_attention, paged_attention_planned, paged_attention_rows,
+    paged_attention_slow, reshape_and_cache, reshape_and_cache_mapped, reshape_and_cache_slow,
+    slot_of, DeviceRows, KernelRows, PagedAttentionMetadata, PagedAttentionPlan, PrefillTiles,
+    SlotMapping, PADDING_SLOT, PREFILL_ATTENTION_ENV,
+};
 pub use q8_matmul::{
     q8_matmul, q8_matmul_quantized, q8_matmul_slow, GgmlBlockType, Q8Kernel, Q8Matrix, Q8Rows,
 };
+pub use rms_norm::{add_rms_norm, add_rms_norm_slow, rms_norm_to};
+pub use rope_and_cache::{rope_and_cache, rope_and_cache_slow, QkvShape, RopeInputs};
+pub use silu_mul::{silu_mul, silu_mul_slow};
+pub use step_graph::{upload_u32, StepBuffer, StepGraph};

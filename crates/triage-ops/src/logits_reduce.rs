@@ -5,6 +5,8 @@
 //! can later return exactly the same thing; [`logits_reduce`] unpacks it on the host.
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, D};
 
@@ -118,7 +120,7 @@ impl CustomOp1 for FusedLogitsReduce {
         if !layout.is_contiguous() {
             candle_core::bail!("{}: input has to be contiguous", self.name())
         }
-        let packed = crate::cuda::logits_reduce_fwd(storage, layout, num_rows, vocab, self.k)?;
+        let packed = cuda::logits_reduce_fwd(storage, layout, num_rows, vocab, self.k)?;
         Ok((packed, Shape::from((num_rows, packed_width(self.k)))))
     }
 }

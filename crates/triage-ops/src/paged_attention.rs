@@ -4,6 +4,11 @@
 //! Prefill over a cached prefix and batched decode are the same call (query length n ≥ 1).
 //! CPU caches are f32, f16 or bf16.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+use crate::cuda::paged_attention as cuda;
+
 use candle_core::{CpuStorage, DType, Device, InplaceOp3, Layout, Tensor};
 
 use crate::flash_attention::{flash_attention_tensors, SeqKeys};
@@ -195,7 +200,7 @@ impl InplaceOp3 for ReshapeAndCache<'_> {
         slots: &candle_core::CudaStorage,
         ll: &Layout,
     ) -> candle_core::Result<()> {
-        crate::cuda::reshape_and_cache_fwd(cache, cl, src, sl, slots, ll, self.host_slots)
+        cuda::reshape_and_cache_fwd(cache, cl, src, sl, slots, ll, self.host_slots)
     }
 
     fn cpu_fwd(
@@ -475,9 +480,9 @@ pub fn paged_attention(
 /// bf16) prefill and decode rows alike run [`crate::flash_attention`], which reads each key
 /// through the block table in place. CUDA tensors run, for a step with a prefill chunk over f16
 /// or bf16 caches, the tensor-core kernel of `kernels/prefill_attention.cu`
-/// ([`crate::cuda::prefill_attention_cuda`]); otherwise (decode steps, f32 caches, other head
+/// (`cuda::prefill_attention_cuda`); otherwise (decode steps, f32 caches, other head
 /// dims) the row kernel of `kernels/paged_attention.cu`
-/// ([`crate::cuda::paged_attention_cuda`]), both on the plan's uploaded rows.
+/// (`cuda::paged_attention_cuda`), both on the plan's uploaded rows.
 pub fn paged_attention_planned(
     q: &Tensor,
     k_cache: &Tensor,
@@ -499,9 +504,9 @@ pub fn paged_attention_planned(
             OpsError::InvalidArgument("paged_attention: a CPU plan for CUDA tensors".into())
         })?;
         if let Some(tiles) = plan.prefill_tiles_for(q, k_cache)? {
-            return crate::cuda::prefill_attention_cuda(q, k_cache, v_cache, rows, tiles);
+            return cuda::prefill_attention_cuda(q, k_cache, v_cache, rows, tiles);
         }
-        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
+        return cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
     }
     let meta = &plan.meta;
     let seqs: Vec<SeqKeys> = (0..meta.block_tables.len())
@@ -531,7 +536,7 @@ pub fn paged_attention_rows(
     let block_size = k_cache.dim(1)?;
     check_shapes(q, k_cache, v_cache, block_size)?;
     if q.device().is_cuda() {
-        return crate::cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
+        return cuda::paged_attention_cuda(q, k_cache, v_cache, rows);
     }
     let width = rows.max_blocks_per_seq;
     let tables = rows.block_tables.to_vec1::<u32>()?;

@@ -18,10 +18,11 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::cpu::{KernelCells, KernelChoice};
 use crate::{OpsError, Result};
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod amx;
+mod amx;
 mod cpu;
 mod ggml_blocks;
 mod matrix;
@@ -52,7 +53,7 @@ const _: () = assert!(TASK_ROWS == matrix::SPAN_ROWS);
 const ROW_CHUNK: usize = 64;
 
 /// The CPU kernel that runs the int8 products. All of them give the same bits; `q8_matmul` takes
-/// the fastest this CPU runs.
+/// the fastest this CPU runs (`KernelChoice::best`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Q8Kernel {
     /// A plain loop, for any CPU.
@@ -69,38 +70,37 @@ pub enum Q8Kernel {
     Amx,
 }
 
+impl KernelChoice for Q8Kernel {
+    /// Its names: `portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`.
+    const ENV: &'static str = "TRIAGE_Q8_KERNEL";
+    const PORTABLE: Self = Q8Kernel::Portable;
+
+    fn name(self) -> &'static str {
+        match self {
+            Q8Kernel::Portable => "portable",
+            Q8Kernel::Avx2 => "avx2",
+            Q8Kernel::AvxVnni => "avx-vnni",
+            Q8Kernel::Avx512Vnni => "avx512-vnni",
+            Q8Kernel::Amx => "amx",
+        }
+    }
+
+    fn detect() -> Vec<Self> {
+        cpu::available()
+    }
+
+    /// AMX is taken only when named (see `Q8Kernel::Amx`).
+    fn measured(self) -> bool {
+        self != Q8Kernel::Amx
+    }
+
+    fn cells() -> &'static KernelCells<Self> {
+        static CELLS: KernelCells<Q8Kernel> = KernelCells::new();
+        &CELLS
+    }
+}
+
 impl Q8Kernel {
-    /// The kernels this CPU can run, slowest first (detected once).
-    pub fn available() -> &'static [Q8Kernel] {
-        static AVAILABLE: std::sync::OnceLock<Vec<Q8Kernel>> = std::sync::OnceLock::new();
-        AVAILABLE.get_or_init(cpu::available)
-    }
-
-    /// The fastest measured kernel this CPU runs, or the one `TRIAGE_Q8_KERNEL` names
-    /// (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`) when the CPU runs it: all give the
-    /// same bits, so the variable only changes speed (benchmarks compare kernels with it). Read
-    /// once. AMX is taken only when named (see `Q8Kernel::Amx`).
-    pub fn best() -> Q8Kernel {
-        static BEST: std::sync::OnceLock<Q8Kernel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let measured: Vec<Q8Kernel> = Self::available()
-                .iter()
-                .copied()
-                .filter(|&k| k != Q8Kernel::Amx)
-                .collect();
-            std::env::var("TRIAGE_Q8_KERNEL")
-                .ok()
-                .and_then(|name| Self::from_name(&name))
-                .or_else(|| measured.last().copied())
-                .unwrap_or(Q8Kernel::Portable)
-        })
-    }
-
-    /// The kernel of this `name` (see `name`), if this CPU runs it.
-    pub fn from_name(name: &str) -> Option<Q8Kernel> {
-        crate::kernel_choice::named(Self::available(), name, Self::name)
-    }
-
     /// Whether the kernel reads 4- and 5-bit values as they are stored (widening them in
     /// registers) for `num_a` activation rows: AVX-512 VNNI below `WIDEN_ROWS`, AVX2 in its
     /// decode tiles (1 or 2 rows; AVX-VNNI hosts run those too). Otherwise a span at a time is
@@ -110,17 +110,6 @@ impl Q8Kernel {
             Q8Kernel::Avx512Vnni => num_a < WIDEN_ROWS,
             Q8Kernel::Avx2 | Q8Kernel::AvxVnni => num_a <= 2,
             Q8Kernel::Portable | Q8Kernel::Amx => false,
-        }
-    }
-
-    /// The kernel's name for `TRIAGE_Q8_KERNEL`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Q8Kernel::Portable => "portable",
-            Q8Kernel::Avx2 => "avx2",
-            Q8Kernel::AvxVnni => "avx-vnni",
-            Q8Kernel::Avx512Vnni => "avx512-vnni",
-            Q8Kernel::Amx => "amx",
         }
     }
 }
@@ -207,12 +196,12 @@ pub fn q8_matmul_quantized(a: &Q8Rows, w: &Q8Matrix, kernel: Q8Kernel) -> Result
     // Tasks are weight rows (output columns). They run on candle's own thread pool: a second
     // pool (rayon) would spin against candle's workers between the ops of a layer, which on 2
     // cores cost a sixth of single-stream decode.
-    Ok(crate::pool::column_tasks(
+    Ok(crate::cpu::pool::column_tasks(
         a.rows(),
         w.rows(),
         TASK_ROWS,
         ROW_CHUNK,
-        crate::pool::TileLayout::RowMajor,
+        crate::cpu::pool::TileLayout::RowMajor,
         |w0, num_w, a0, num_a, tile| {
             if w.narrow.is_none() || kernel.reads_narrow(num_a) {
                 return product(kernel, w, w0, num_w, a, a0, num_a, tile);

@@ -3,6 +3,9 @@
 //! returns `rmsnorm(residual) · w` in `delta`'s dtype, ready for the next GEMM; `rms_norm_to`
 //! is the same without the add (the first layer's norm, the final one).
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp2, DType, Device, InplaceOp3, Layout, Shape, Tensor};
@@ -105,8 +108,7 @@ impl InplaceOp3 for AddRmsNorm {
     ) -> candle_core::Result<()> {
         use candle_core::backend::BackendStorage;
         let dtype = delta.dtype();
-        let out =
-            crate::cuda::add_rms_norm_fwd(residual, rl, (delta, dl), weight, wl, self.eps, dtype)?;
+        let out = cuda::add_rms_norm_fwd(residual, rl, (delta, dl), weight, wl, self.eps, dtype)?;
         self.keep(out);
         Ok(())
     }
@@ -211,7 +213,7 @@ impl CustomOp2 for RmsNormTo {
         weight: &candle_core::CudaStorage,
         wl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let out = crate::cuda::rms_norm_fwd(x, xl, weight, wl, self.eps, self.dtype)?;
+        let out = cuda::rms_norm_fwd(x, xl, weight, wl, self.eps, self.dtype)?;
         Ok((out, xl.shape().clone()))
     }
 }

@@ -4,6 +4,11 @@
 //! (`kernels/rope_and_cache.cu`) where the unfused layer launched eleven (bias, three head
 //! copies, two ropes, two transposes, two cache writes, a Q transpose).
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+use crate::cuda::rope_and_cache as cuda;
+
 use candle_core::{DType, Device, Tensor};
 
 use crate::elem::Elem;
@@ -166,7 +171,7 @@ pub fn rope_and_cache(
 ) -> Result<Tensor> {
     let rows = check(&x, k_cache, v_cache, slots, shape)?;
     if k_cache.device().is_cuda() {
-        return crate::cuda::rope_and_cache_cuda(&x, k_cache, v_cache, slots, shape);
+        return cuda::rope_and_cache_cuda(&x, k_cache, v_cache, slots, shape);
     }
     let x = RopeInputs {
         qkv: &x.qkv.contiguous()?,

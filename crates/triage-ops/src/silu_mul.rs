@@ -2,6 +2,9 @@
 //! (`[rows, 2 · inter]`, each row `[gate | up]`) into `[rows, inter]`, in one pass and in the
 //! input's dtype (bf16 activations stay bf16 between the GEMMs). Computed in f32 per element.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use crate::elem::Elem;
@@ -65,7 +68,7 @@ impl CustomOp1 for SiluMul {
         layout: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let (rows, inter) = check(layout.dims())?;
-        let out = crate::cuda::silu_mul_fwd(storage, layout, rows, inter)?;
+        let out = cuda::silu_mul_fwd(storage, layout, rows, inter)?;
         Ok((out, Shape::from((rows, inter))))
     }
 }

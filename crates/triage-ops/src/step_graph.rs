@@ -10,6 +10,11 @@
 //! into the graph and every replay would read the capture's tokens. Inside a capture,
 //! [`upload_u32`] refuses per-step data: the inputs must come from a `StepBuffer`.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(not(feature = "cuda"))]
+use crate::cuda::step_graph as cuda;
+
 use std::cell::Cell;
 use std::fmt;
 
@@ -64,7 +69,7 @@ pub fn upload_u32(data: &[u32], device: &Device, what: &str) -> Result<Tensor> {
 /// replay (from pinned host memory on a GPU), read through views whose addresses never change.
 pub struct StepBuffer {
     tensor: Tensor,
-    staging: crate::cuda::HostStaging,
+    staging: cuda::HostStaging,
 }
 
 impl fmt::Debug for StepBuffer {
@@ -80,7 +85,7 @@ impl StepBuffer {
     pub fn new(capacity: usize, device: &Device) -> Result<Self> {
         Ok(Self {
             tensor: Tensor::zeros(capacity, candle_core::DType::U32, device)?,
-            staging: crate::cuda::HostStaging::new(capacity, device)?,
+            staging: cuda::HostStaging::new(capacity, device)?,
         })
     }
 
@@ -151,7 +156,7 @@ type Step = Box<dyn Fn() -> Result<()> + Send>;
 /// the graph reads those buffers by address); on the CPU the closure itself, run again.
 pub struct StepGraph {
     step: Step,
-    graph: Option<crate::cuda::CapturedGraph>,
+    graph: Option<cuda::CapturedGraph>,
 }
 
 impl fmt::Debug for StepGraph {
@@ -173,7 +178,7 @@ impl StepGraph {
     ) -> Result<Self> {
         let step: Step = Box::new(step);
         let graph = if device.is_cuda() {
-            Some(crate::cuda::CapturedGraph::capture(device, || {
+            Some(cuda::CapturedGraph::capture(device, || {
                 let _guard = CaptureGuard::new()?;
                 step()
             })?)

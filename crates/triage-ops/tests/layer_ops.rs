@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use candle_core::{DType, Device, Tensor};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use triage_ops::paged_attention::{SlotMapping, PADDING_SLOT};
-use triage_ops::rms_norm::{add_rms_norm, add_rms_norm_slow, rms_norm_to};
-use triage_ops::rope_and_cache::{rope_and_cache, rope_and_cache_slow, QkvShape, RopeInputs};
-use triage_ops::silu_mul::{silu_mul, silu_mul_slow};
-use triage_ops::step_graph::{StepBuffer, StepGraph};
+use triage_ops::{add_rms_norm, add_rms_norm_slow, rms_norm_to};
+use triage_ops::{rope_and_cache, rope_and_cache_slow, QkvShape, RopeInputs};
+use triage_ops::{silu_mul, silu_mul_slow};
+use triage_ops::{SlotMapping, PADDING_SLOT};
+use triage_ops::{StepBuffer, StepGraph};
 
 /// Written once for every device: the CPU and, with the `cuda` feature, GPU 0.
 fn devices() -> Vec<Device> {

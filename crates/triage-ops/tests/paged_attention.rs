@@ -4,7 +4,7 @@
 use candle_core::{DType, Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use triage_ops::paged_attention::{
+use triage_ops::{
     paged_attention, paged_attention_planned, paged_attention_rows, paged_attention_slow,
     reshape_and_cache, reshape_and_cache_slow, slot_of, DeviceRows, PagedAttentionMetadata,
     PagedAttentionPlan,
@@ -264,7 +264,7 @@ fn one_plan_serves_every_layer_of_a_step() {
 mod cuda {
     use super::*;
     use candle_core::DType;
-    use triage_ops::paged_attention::{reshape_and_cache_mapped, SlotMapping, PADDING_SLOT};
+    use triage_ops::{reshape_and_cache_mapped, SlotMapping, PADDING_SLOT};
 
     const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     /// |cuda - cpu| bound: same inputs, f32 accumulation in a different order.

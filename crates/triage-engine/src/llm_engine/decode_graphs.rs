@@ -12,11 +12,9 @@ use candle_core::Tensor;
 use triage_models::model::Model;
 use triage_models::paged_kv_cache::{DeviceDecodeStep, PagedKvCache, SeqStep};
 use triage_models::transformer::ForwardInputs;
-use triage_ops::paged_attention::{
-    check_slots, slot_of, DeviceRows, PagedAttentionMetadata, PADDING_SLOT,
-};
-use triage_ops::step_graph::{StepBuffer, StepGraph};
 use triage_ops::OpsError;
+use triage_ops::{check_slots, slot_of, DeviceRows, PagedAttentionMetadata, PADDING_SLOT};
+use triage_ops::{StepBuffer, StepGraph};
 
 use crate::{EngineError, Result};
 

@@ -1,11 +1,11 @@
 //! `paged_attention_<dtype>` (with `paged_attention_merge_f32` past one partition) against
-//! `triage_ops::paged_attention::paged_attention` on the same values in f32.
+//! `triage_ops::paged_attention` on the same values in f32.
 
 use half::{bf16, f16};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use triage_kernel_sim::{paged_attention, AttentionShape};
 use triage_ops::launch::{MIN_THREADS, PAGED_ATTENTION_THREADS, PARTITION_SIZE};
-use triage_ops::paged_attention::{self as ops, KernelRows, PagedAttentionMetadata};
+use triage_ops::{self as ops, KernelRows, PagedAttentionMetadata};
 
 use crate::inputs::{close, convert, normal, tensor, Dtype};
 

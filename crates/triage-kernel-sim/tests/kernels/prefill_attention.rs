@@ -1,13 +1,13 @@
 //! `prefill_attention_d<dim>_<dtype>` (tensor cores; with `paged_attention_merge_f32` when split)
-//! against `triage_ops::paged_attention::paged_attention` on the same values in f32.
+//! against `triage_ops::paged_attention` on the same values in f32.
 
 use half::{bf16, f16};
 use rand::{rngs::StdRng, SeedableRng};
 use triage_kernel_sim::{prefill_attention, HalfElem};
+use triage_ops as ops;
 use triage_ops::launch::{
     self, MIN_THREADS, PARTITION_SIZE, PREFILL_ATTENTION_THREADS, PREFILL_HEAD_DIMS,
 };
-use triage_ops::paged_attention as ops;
 
 use crate::inputs::{close, convert, tensor, Dtype};
 use crate::paged_attention::{build, Dims, Step, KV_HEADS};

@@ -1,10 +1,10 @@
-//! `reshape_and_cache_<dtype>` against `triage_ops::paged_attention::reshape_and_cache`.
+//! `reshape_and_cache_<dtype>` against `triage_ops::reshape_and_cache`.
 
 use half::{bf16, f16};
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use triage_kernel_sim::reshape_and_cache;
 use triage_ops::launch::{self, MIN_THREADS, RESHAPE_AND_CACHE_THREADS};
-use triage_ops::paged_attention::{self as ops, PADDING_SLOT};
+use triage_ops::{self as ops, PADDING_SLOT};
 
 use crate::inputs::{convert, normal, tensor, Dtype};
 

@@ -5,7 +5,7 @@ use half::{bf16, f16};
 use rand::{rngs::StdRng, SeedableRng};
 use triage_kernel_sim::add_rms_norm;
 use triage_ops::launch::{self, MIN_THREADS, RMS_NORM_THREADS};
-use triage_ops::rms_norm::{add_rms_norm as cpu_add_rms_norm, rms_norm_to};
+use triage_ops::{add_rms_norm as cpu_add_rms_norm, rms_norm_to};
 
 use crate::inputs::{close, convert, normal, tensor, Dtype};
 

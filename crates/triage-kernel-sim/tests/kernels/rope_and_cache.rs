@@ -5,8 +5,8 @@ use candle_core::Tensor;
 use half::{bf16, f16};
 use rand::{rngs::StdRng, seq::SliceRandom, SeedableRng};
 use triage_kernel_sim::{rope_and_cache, RopeAndCacheBuffers};
-use triage_ops::paged_attention::{SlotMapping, PADDING_SLOT};
-use triage_ops::rope_and_cache::{self as ops, QkvShape, RopeInputs};
+use triage_ops::{self as ops, QkvShape, RopeInputs};
+use triage_ops::{SlotMapping, PADDING_SLOT};
 
 use crate::inputs::{close, convert, normal, tensor, Dtype};
 

@@ -1,4 +1,4 @@
-//! `silu_mul_<dtype>` against `triage_ops::silu_mul::silu_mul` (the CPU op) on the same values.
+//! `silu_mul_<dtype>` against `triage_ops::silu_mul` (the CPU op) on the same values.
 
 use half::{bf16, f16};
 use rand::{rngs::StdRng, SeedableRng};
@@ -19,7 +19,7 @@ fn rel_tolerance<T: Dtype>() -> f32 {
 
 fn run_case<T: Dtype>(rng: &mut StdRng, rows: usize, inter: usize, threads: u32) {
     let gate_up = convert::<T>(&normal(rng, rows * 2 * inter, 3.0), 0);
-    let want = triage_ops::silu_mul::silu_mul(&tensor(&gate_up, &[rows, 2 * inter]))
+    let want = triage_ops::silu_mul(&tensor(&gate_up, &[rows, 2 * inter]))
         .and_then(|t| Ok(t.flatten_all()?.to_vec1::<T>()?))
         .expect("cpu op");
     let g = launch::silu_mul(rows, inter, threads).expect("geometry");

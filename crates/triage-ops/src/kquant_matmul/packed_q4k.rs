@@ -11,8 +11,9 @@
 //! row gives the same bits alone as in a batch.
 
 use super::blocks::{self, Q4K_BYTES, Q4K_QS};
+use super::packed::PackedKQuant;
 use super::tiles::{PackedTiles, TILE_ROWS};
-use super::{Acts, QK_K};
+use super::{Acts, AMX_ROWS, QK_K, TILE_A};
 /// Bytes of one tile: 16 f16 `d`, 16 f16 `dmin`, 8 × 16 scales, 8 × 16 mins, then
 /// 32 groups × 16 rows × 4 bytes of values.
 pub(super) const TILE_BYTES: usize = 64 + 256 + QK_K / 2 * TILE_ROWS;
@@ -108,22 +109,63 @@ pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
-/// Row tile `t` against activation rows `c0..c0 + rows` (up to 16) on the CPU's AMX tiles.
-///
-/// # Safety
-/// `KQuantKernel::Amx` is available (AMX usable, AVX-512 F/BW, F16C); `t` is a row tile of `w`
-/// and `act` holds rows `c0..c0 + rows`.
-#[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)]
-pub(super) unsafe fn amx_tiles(
-    w: &PackedQ4K,
-    t: usize,
-    act: &Acts,
-    c0: usize,
-    rows: usize,
-    out: &mut [[f32; TILE_ROWS]; amx::AMX_ROWS],
-) {
-    let mut tiles = crate::q8_matmul::amx::Hardware;
-    // SAFETY: the caller's contract.
-    unsafe { amx::tile_amx(&mut tiles, w, t, act, c0, rows, out) }
+/// The layout's kernels, for `packed::row_tile`.
+impl PackedKQuant for PackedQ4K {
+    fn portable_row(&self, t: usize, r: usize, act: &Acts, c: usize) -> f32 {
+        portable_row(self, t, r, act, c)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn tile_vnni<const C: usize>(
+        &self,
+        t: usize,
+        act: &Acts,
+        c0: usize,
+        out: &mut [[f32; TILE_ROWS]; TILE_A],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { x86::tile_vnni::<C>(self, t, act, c0, out) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn tile_avx2<const C: usize>(
+        &self,
+        t: usize,
+        act: &Acts,
+        c0: usize,
+        out: &mut [[f32; TILE_ROWS]; TILE_A],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { x86::tile_avx2::<C>(self, t, act, c0, out) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn row_avx2(
+        &self,
+        t: usize,
+        act: &Acts,
+        c0: usize,
+        out: &mut [[f32; TILE_ROWS]; TILE_A],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { x86::row_avx2(self, t, act, c0, out) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    unsafe fn tile_amx<T: crate::cpu::amx::Tiles>(
+        &self,
+        tiles: &mut T,
+        t: usize,
+        act: &Acts,
+        c0: usize,
+        rows: usize,
+        out: &mut [[f32; TILE_ROWS]; AMX_ROWS],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe { super::amx::tile_amx(tiles, self, t, act, c0, rows, out) }
+    }
 }

@@ -214,12 +214,12 @@ fn bad_shapes_are_errors() {
 #[test]
 fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
     // AMX hosts run the bodies (Q4_K's and Q6_K's) on their tiles through
-    // `kquant_matmul_quantized` above; this runs them on `q8_matmul::amx`'s software model of the
+    // `kquant_matmul_quantized` above; this runs them on `cpu::amx`'s software model of the
     // instructions wherever AVX-512 BW is: row
     // tiles of 16 and a padded one (37 weight rows), 3 super-blocks, 1 to 16 activation rows
     // from the first and from a later row.
-    use std::arch::is_x86_feature_detected as has;
-    if !(has!("avx512f") && has!("avx512bw") && has!("f16c") && has!("fma")) {
+    let isa = crate::cpu::Isa::get();
+    if !(isa.avx512f && isa.avx512bw && isa.f16c && isa.fma) {
         eprintln!("no AVX-512 here: the AMX body is not run");
         return;
     }
@@ -236,17 +236,17 @@ fn the_amx_kernel_body_gives_the_portable_loops_bits_on_a_model_of_the_tiles() {
         for (c0, rows) in [(0, 1), (0, 5), (0, 16), (5, 16), (20, 1)] {
             for t in 0..3 {
                 let mut out = [[f32::NAN; tiles::TILE_ROWS]; AMX_ROWS];
-                let mut model = crate::q8_matmul::amx::Model::new();
+                let mut model = crate::cpu::amx::Model::new();
                 // SAFETY: the features were detected above and the model needs no AMX; tile `t`
                 // exists and `act` holds rows `c0..c0 + rows`.
                 #[allow(unsafe_code)]
                 unsafe {
                     match &w.data {
                         KQuantData::PackedQ4K(p) => {
-                            packed_q4k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                            amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
                         }
                         KQuantData::PackedQ6K(p) => {
-                            packed_q6k::amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
+                            amx::tile_amx(&mut model, p, t, &act, c0, rows, &mut out)
                         }
                     }
                 };

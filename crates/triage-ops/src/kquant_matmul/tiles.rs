@@ -55,7 +55,7 @@ fn pack_tiles(
 ) -> Vec<u8> {
     let num_tiles = rows.div_ceil(TILE_ROWS);
     let mut bytes = vec![0u8; num_tiles * nb * tile_bytes];
-    crate::pool::for_each_chunk_mut(&mut bytes, nb * tile_bytes, |t, tile_row| {
+    crate::cpu::pool::for_each_chunk_mut(&mut bytes, nb * tile_bytes, |t, tile_row| {
         for (b, tile) in tile_row.chunks_exact_mut(tile_bytes).enumerate() {
             for r in 0..TILE_ROWS.min(rows - t * TILE_ROWS) {
                 let row = t * TILE_ROWS + r;

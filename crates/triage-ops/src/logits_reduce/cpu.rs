@@ -64,7 +64,7 @@ pub(crate) fn reduce_rows<T: Logit>(data: &[T], vocab: usize, k: usize) -> Vec<f
     let chunks_per_row = vocab.div_ceil(CHUNK);
     // One task per (row, chunk): batch 1 splits its row over the cores, larger batches spread
     // their rows; `map` keeps index order, which makes the merge deterministic.
-    let states: Vec<OnlineState> = crate::pool::map(num_rows * chunks_per_row, |task_idx| {
+    let states: Vec<OnlineState> = crate::cpu::pool::map(num_rows * chunks_per_row, |task_idx| {
         let (row_idx, chunk_idx) = (task_idx / chunks_per_row, task_idx % chunks_per_row);
         let start = chunk_idx * CHUNK;
         let end = vocab.min(start + CHUNK);
@@ -85,7 +85,7 @@ pub(crate) fn reduce_rows<T: Logit>(data: &[T], vocab: usize, k: usize) -> Vec<f
 /// The online state of one chunk of a row, starting at column `first_id`.
 fn reduce_chunk<T: Logit>(xs: &[T], first_id: u32, k: usize) -> OnlineState {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    if crate::cpu::Isa::get().avx2 {
         #[allow(unsafe_code)]
         // SAFETY: `reduce_chunk_avx2` only requires the AVX2 target feature, detected just above.
         return unsafe { reduce_chunk_avx2(xs, first_id, k) };

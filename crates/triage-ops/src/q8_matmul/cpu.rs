@@ -6,24 +6,22 @@
 use super::matrix::{BLOCK_STEPS, GROUP_BLOCK_BYTES, GROUP_ROWS, LANE_VALUES, SPAN_ROWS};
 use super::rows::TILE_ROWS;
 use super::{Q8Kernel, Q8Matrix, Q8Rows, QK8_0};
+use crate::cpu::Isa;
 
 /// The kernels this CPU can run, slowest first.
 pub(super) fn available() -> Vec<Q8Kernel> {
+    let isa = Isa::get();
     let mut kernels = vec![Q8Kernel::Portable];
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") {
-            kernels.push(Q8Kernel::Avx2);
-            if has!("avxvnni") {
-                kernels.push(Q8Kernel::AvxVnni);
-            }
-            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-                kernels.push(Q8Kernel::Avx512Vnni);
-            }
-            if has!("avx512f") && has!("avx512vl") && super::amx::usable() {
-                kernels.push(Q8Kernel::Amx);
-            }
+    if isa.avx2_fma() {
+        kernels.push(Q8Kernel::Avx2);
+        if isa.avx_vnni {
+            kernels.push(Q8Kernel::AvxVnni);
+        }
+        if isa.avx512f && isa.avx512bw && isa.avx512vl && isa.avx512vnni {
+            kernels.push(Q8Kernel::Avx512Vnni);
+        }
+        if isa.avx512f && isa.avx512vl && isa.amx_int8() {
+            kernels.push(Q8Kernel::Amx);
         }
     }
     kernels

@@ -309,7 +309,7 @@ where
         .zip(span_mins)
         .map(|((s, v), m)| (s, v, m))
         .collect();
-    crate::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
+    crate::cpu::pool::for_each_chunk_mut(&mut spans, 1, |span, chunk| {
         let (scales, values, mins) = &mut chunk[0];
         let group_blocks = scales
             .chunks_exact_mut(GROUP_ROWS)

@@ -27,7 +27,7 @@ pub(super) fn add(
     let kb = w.cols / QK8_0;
     let groups = w0 / GROUP_ROWS..(w0 + num_w).div_ceil(GROUP_ROWS);
     #[cfg(target_arch = "x86_64")]
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+    let avx512 = crate::cpu::Isa::get().avx512f;
     for row in a0..a0 + num_a {
         let (tile, i) = (row / TILE_ROWS, row % TILE_ROWS);
         let (na, (_, s0)) = (a.tile_rows(tile), a.tile_start(tile));
@@ -105,7 +105,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx512_path_gives_the_plain_loops_bits() {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
+        if !crate::cpu::Isa::get().avx512f {
             eprintln!("no AVX-512 here: its path is not run");
             return;
         }

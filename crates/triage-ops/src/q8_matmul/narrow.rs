@@ -105,13 +105,13 @@ impl NarrowKind {
         #[cfg(target_arch = "x86_64")]
         #[allow(unsafe_code)]
         {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx512bw") {
+            let isa = crate::cpu::Isa::get();
+            if isa.avx512bw {
                 // SAFETY: the CPU has AVX-512 F/BW (BW implies F).
                 unsafe { super::x86::widen_avx512(self, src, dst) };
                 return;
             }
-            if has!("avx2") {
+            if isa.avx2 {
                 // SAFETY: the CPU has AVX2.
                 unsafe { super::x86::widen_avx2(self, src, dst) };
                 return;
@@ -194,14 +194,14 @@ mod tests {
             #[cfg(target_arch = "x86_64")]
             #[allow(unsafe_code)]
             {
-                use std::arch::is_x86_feature_detected as has;
+                let isa = crate::cpu::Isa::get();
                 let mut simd = vec![0i8; wide.len()];
-                if has!("avx512bw") {
+                if isa.avx512bw {
                     // SAFETY: the CPU has AVX-512 F/BW.
                     unsafe { super::super::x86::widen_avx512(kind, &narrow, &mut simd) };
                     assert_eq!(simd, wide, "{ty:?}, AVX-512");
                 }
-                if has!("avx2") {
+                if isa.avx2 {
                     // SAFETY: the CPU has AVX2.
                     unsafe { super::super::x86::widen_avx2(kind, &narrow, &mut simd) };
                     assert_eq!(simd, wide, "{ty:?}, AVX2");

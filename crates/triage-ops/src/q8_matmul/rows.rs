@@ -85,7 +85,7 @@ impl Q8Rows {
         };
         // A batch's tiles are spread over the pool (one row is too little work to hand off).
         if tiles > 1 {
-            crate::pool::for_each_chunk_mut(&mut by_tile, 1, |t, tile| fill(t, &mut tile[0]));
+            crate::cpu::pool::for_each_chunk_mut(&mut by_tile, 1, |t, tile| fill(t, &mut tile[0]));
         } else {
             by_tile
                 .iter_mut()

@@ -220,8 +220,8 @@ unsafe fn halves(
 /// the CPU has AVX-512 F/VL and VNNI; `None` elsewhere.
 #[cfg(test)]
 pub(super) fn avx_vnni_body_on_avx512(args: TileArgs) -> Option<()> {
-    use std::arch::is_x86_feature_detected as has;
-    if !(has!("avx2") && has!("fma") && has!("avx512f") && has!("avx512vl") && has!("avx512vnni")) {
+    let isa = crate::cpu::Isa::get();
+    if !(isa.avx2_fma() && isa.avx512f && isa.avx512vl && isa.avx512vnni) {
         return None;
     }
     let TileArgs {
