@@ -42,7 +42,8 @@ pub struct EngineConfig {
     pub max_num_batched_tokens: usize,
     pub max_num_seqs: usize,
     pub prefix_caching: bool,
-    /// Dtype of the KV blocks; `None` takes the device's default (f32 on CPU, bf16 on a GPU).
+    /// Dtype of the KV blocks; `None` takes the device's default (`default_kv_dtype`: f16 on the
+    /// CPU, bf16 on a GPU).
     pub kv_dtype: Option<DType>,
     /// Replay decode steps from captured graphs (`llm_engine/decode_graphs.rs`): CUDA graphs on
     /// a GPU; on the CPU the same path with the captured step run again (for tests: no faster

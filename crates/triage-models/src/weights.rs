@@ -135,8 +135,10 @@ pub enum WeightSource {
         file: File,
         /// The part of the file the last read covered, mapped read-only: a tensor's bytes are
         /// read where the page cache holds them, with no copy into a buffer that would have to
-        /// be faulted in first (on a VM, faulting in that buffer and copying into it were a fifth of a cold start). The
-        /// next read unmaps it, so mapped pages never add more than one read to resident memory.
+        /// be faulted in first (on a VM, faulting in that buffer and copying into it were a fifth
+        /// of a cold start). The next read unmaps it, so mapped pages never add more than one
+        /// read to resident memory (a map of the whole file for the whole load raised the 1.5B's
+        /// peak RSS to 2.32 GB; per read, 1.39–1.41 GB).
         window: Option<memmap2::Mmap>,
         /// Tensors asked for together whose bytes are not adjacent in the file, concatenated.
         buffer: Vec<u8>,

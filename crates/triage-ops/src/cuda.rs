@@ -164,6 +164,10 @@ pub fn open_device(ordinal: usize) -> Result<candle_core::Device> {
 /// - The stream-ordered memory pool keeps what it has allocated (release threshold at its
 ///   maximum) instead of handing it back at each synchronisation, so eager steps and graph
 ///   captures reuse the same memory rather than asking the driver again every step.
+///
+/// Both cut host time per step: eager decode on the H200 was bound by launches, not bytes
+/// (12.5 ms a token against about 0.7 ms to read the 1.5B's bf16 weights; benches/RESULTS.md,
+/// "The first H200 run"). CUDA graphs (`step_graph`) and the models' fused pass exist for that.
 fn prepare_device(dev: &CudaDevice) -> Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
     // SAFETY: no tensor has been made on this device yet (it was just opened), and triage creates

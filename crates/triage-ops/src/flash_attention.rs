@@ -4,6 +4,12 @@
 //! and decode are one loop; no score matrix is ever held whole; and a row's result does not depend
 //! on the rows computed with it, so a prompt gives the same bits in one pass or in chunks, alone
 //! or batched, from a paged cache or a contiguous one.
+//!
+//! A task is up to 16 query tokens × one KV head with the query heads that share it, so a group's
+//! heads read each key once; where that gives fewer tasks than threads (a decode step), a group's
+//! heads are split over tasks too. With an f16 cache the x86 kernels prefetch the next key tile
+//! into L2 while this one is widened (decode attention of a 1.5B layer at 16k: 2.33 → 1.60–1.71
+//! ms; benches/RESULTS.md, "Decode that keeps up with memory").
 
 mod tile;
 

@@ -7,6 +7,10 @@
 //! Both types are re-laid out once, losslessly, into tiles of 16 rows (`packed_q4k`,
 //! `packed_q6k`, each stating its order of operations) whose products run 16 rows per
 //! `vpdpbusd`; the GGUF blocks are dropped after packing.
+//!
+//! Ours instead of candle's: candle keeps the GGUF blocks and builds a second, f32-scaled copy
+//! for its repacked x86 kernel (about 2.3× the Q4_K bytes in all). It also runs one row through
+//! another kernel than several, so a row's bits depend on its batch.
 
 use candle_core::{DType, Device, Tensor};
 

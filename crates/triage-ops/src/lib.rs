@@ -1,6 +1,12 @@
-//! Custom tensor ops for triage: each has a CPU implementation, a `*_slow` reference and (with the
-//! `cuda` feature) a CUDA implementation behind the same API; the quantized matmuls and flash
-//! attention are CPU-only.
+//! Custom tensor ops for triage, for the CPU and (with the `cuda` feature) for CUDA.
+//!
+//! The layer and attention ops (`logits_reduce`, `add_rms_norm`/`rms_norm_to`, `silu_mul`,
+//! `rope_and_cache`, `reshape_and_cache`, `paged_attention`) each have a CPU form, a `*_slow`
+//! reference (`add_rms_norm_slow` with no delta is `rms_norm_to`'s) and, with the `cuda` feature,
+//! a CUDA form behind the same API. The quantized matmuls (`q8_matmul`, `kquant_matmul`) and
+//! `flash_attention` are CPU-only (on a GPU the models use candle's quantized matmul, and
+//! `flash_attention` is `paged_attention`'s CPU form). `entropy_window` exists only as a CUDA
+//! kernel, whose CPU form is the engine's `EntropyMonitor`.
 //!
 //! The API is what this file exports. Modules are private, with three namespaces kept whole:
 //! `launch` (the launch geometry that the CUDA forms and the kernel simulator share; its functions

@@ -3,7 +3,9 @@
 //! the weights interleaved in groups of 16 rows (`Q8Matrix`), so one 64-byte load feeds 16 rows'
 //! dot products, and the activations in tiles of 8 rows (`Q8Rows`) whose values are broadcast.
 //! A weight group is loaded once per 8 activation rows and a block's scaling runs once per 32
-//! products (the register-tile shape of oneDNN's int8 GEMMs, written afresh).
+//! products (the register-tile shape of oneDNN's int8 GEMMs, written afresh). Written because
+//! candle's Q8_0 matmul re-reads and re-converts the f16 scales per row pair, which kept batched
+//! decode from scaling with the batch.
 //!
 //! Batch invariance: every output element is one accumulator that sees the same operations in
 //! the same order whatever the kernel, tile shape, number of rows or threads: per block the exact

@@ -9,6 +9,9 @@
 //! `src/cuda_backend/device.rs`), so a step's token ids uploaded inside the capture would be baked
 //! into the graph and every replay would read the capture's tokens. Inside a capture,
 //! [`upload_u32`] refuses per-step data: the inputs must come from a `StepBuffer`.
+//!
+//! Graphs are off by default (`EngineConfig::cuda_graphs`) until a GPU run shows graphed tokens
+//! equal eager ones; none has run yet (benches/RESULTS.md).
 
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -265,6 +265,7 @@ mod cuda {
     use super::*;
     use candle_core::DType;
     use triage_ops::{reshape_and_cache_mapped, SlotMapping, PADDING_SLOT};
+    use triage_testkit::max_abs_diff;
 
     const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
     /// |cuda - cpu| bound: same inputs, f32 accumulation in a different order.
@@ -272,16 +273,6 @@ mod cuda {
 
     fn gpu() -> Device {
         Device::new_cuda(0).expect("the cuda feature's tests need a CUDA device")
-    }
-
-    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-        let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max)
     }
 
     /// `t` rounded through `dtype` (what the GPU holds), as f32 on the CPU.

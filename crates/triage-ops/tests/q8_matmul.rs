@@ -5,6 +5,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Module, Tensor};
 use triage_ops::{q8_matmul, q8_matmul_slow, GgmlBlockType, Q8Matrix};
+use triage_testkit::max_abs_diff;
 
 fn random(rows: usize, cols: usize, seed: u64) -> Tensor {
     // A fixed LCG: reproducible, no zeros, a spread of magnitudes per block.
@@ -26,19 +27,6 @@ fn random(rows: usize, cols: usize, seed: u64) -> Tensor {
 fn weights(rows: usize, cols: usize, seed: u64) -> Q8Matrix {
     let t = random(rows, cols, seed);
     Q8Matrix::quantize(rows, cols, &t.flatten_all().unwrap().to_vec1().unwrap()).unwrap()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// Tolerance: only the summation order differs from the reference, so the error grows with the

@@ -6,33 +6,42 @@ use candle_core::Tensor;
 
 /// Values whose largest element-wise distance can be measured: tensors, and rows of `f32`.
 pub trait AbsDiff {
-    /// The largest `|a - b|` over all elements. Panics when the shapes differ.
+    /// The largest `|a - b|` over all elements, NaN when either side holds a NaN (so that
+    /// `diff < tol` fails: paged-attention tests poison unused cache slots with NaN). Panics when
+    /// the shapes differ.
     fn max_abs_diff(&self, other: &Self) -> f32;
 }
 
-/// The largest element-wise `|a - b|` (tensors of one shape and of dtype f32, or `f32` rows of
-/// one length). Panics when the shapes differ.
+/// The largest element-wise `|a - b|` (tensors of one shape, any float dtype, or `f32` rows of
+/// one length); NaN when either side holds a NaN. Panics when the shapes differ.
 pub fn max_abs_diff<T: AbsDiff + ?Sized>(a: &T, b: &T) -> f32 {
     a.max_abs_diff(b)
 }
 
 impl AbsDiff for Tensor {
     fn max_abs_diff(&self, other: &Self) -> f32 {
-        (self - other)
-            .and_then(|d| d.abs())
-            .and_then(|d| d.flatten_all())
-            .and_then(|d| d.max(0))
-            .and_then(|d| d.to_scalar::<f32>())
-            .expect("tensors of one shape, dtype f32")
+        assert_eq!(self.shape(), other.shape(), "tensors of different shapes");
+        let values = |t: &Tensor| {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("a float tensor")
+        };
+        values(self).max_abs_diff(&values(other))
     }
 }
 
 impl AbsDiff for [f32] {
     fn max_abs_diff(&self, other: &Self) -> f32 {
         assert_eq!(self.len(), other.len(), "rows of different lengths");
-        self.iter()
-            .zip(other)
-            .fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+        let diffs = self.iter().zip(other).map(|(x, y)| (x - y).abs());
+        diffs.fold(0f32, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f32::NAN
+            } else {
+                m.max(d)
+            }
+        })
     }
 }
 
@@ -47,7 +56,14 @@ impl AbsDiff for [Vec<f32>] {
         assert_eq!(self.len(), other.len(), "different numbers of rows");
         self.iter()
             .zip(other)
-            .fold(0f32, |m, (x, y)| m.max(x.max_abs_diff(y)))
+            .map(|(x, y)| x.max_abs_diff(y))
+            .fold(0f32, |m, d| {
+                if d.is_nan() || m.is_nan() {
+                    f32::NAN
+                } else {
+                    m.max(d)
+                }
+            })
     }
 }
 
@@ -72,6 +88,18 @@ mod tests {
         let t = |rows: &Vec<Vec<f32>>| Tensor::new(rows.clone(), &Device::Cpu).unwrap();
         assert_eq!(max_abs_diff(&t(&a), &t(&b)), 3.0);
         assert_eq!(max_abs_diff(&t(&a), &t(&a)), 0.0);
+    }
+
+    #[test]
+    fn a_nan_on_either_side_is_never_within_tolerance() {
+        let a = vec![1.0f32, f32::NAN, 3.0];
+        let b = vec![1.0f32, 2.0, 3.0];
+        assert!(max_abs_diff(&a, &b).is_nan());
+        assert!(max_abs_diff(&b, &a).is_nan());
+        let rows = |r: &Vec<f32>| vec![vec![0.0f32], r.clone()];
+        assert!(max_abs_diff(&rows(&a), &rows(&b)).is_nan());
+        let t = |r: &Vec<f32>| Tensor::new(r.clone(), &Device::Cpu).unwrap();
+        assert!(max_abs_diff(&t(&a), &t(&b)).is_nan());
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! (on the CPU) with the same code. The register use is fixed for every kernel: tmm0 holds A,
 //! tmm1 and tmm2 the B operands kernels alternate between (so that one load need not wait for
 //! the last product), tmm4..tmm7 the C sums.
+//!
+//! No kernel built on them has yet run on an AMX host, so the AMX kernels are taken only when
+//! `TRIAGE_Q8_KERNEL=amx` or `TRIAGE_KQUANT_KERNEL=amx` names them.
 #![allow(unsafe_code)]
 
 use std::arch::asm;

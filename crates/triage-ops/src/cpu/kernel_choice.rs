@@ -1,6 +1,8 @@
 //! Picking a CPU kernel at run time: the fastest this CPU runs, or the one an environment
 //! variable names (all kernels of an op give the same bits, so the choice only changes speed;
-//! benchmarks compare kernels with it).
+//! benchmarks compare kernels with it). The AMX kernels (`Q8Kernel::Amx`, `KQuantKernel::Amx`)
+//! are never picked by default, only when their variable names them: no AMX host has measured
+//! them yet.
 
 use std::sync::OnceLock;
 

@@ -4,6 +4,7 @@
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use rand::{rngs::StdRng, Rng, SeedableRng};
+use triage_testkit::max_abs_diff;
 
 use super::tile::{exp_nonpositive, lane_sum};
 use super::*;
@@ -122,14 +123,6 @@ fn one_block(block_size: usize, seq_len: usize, query_len: usize) -> SeqKeys<'st
         seq_len,
         query_len,
     }
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn shape(num_heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {

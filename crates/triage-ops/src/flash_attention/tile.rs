@@ -2,6 +2,13 @@
 //! the online softmax, the weighted values), in register groups of rows. Each row's arithmetic is
 //! a fixed sequence of fused multiply-adds whatever the group, the task or the vector width, so
 //! every kernel and every batching gives the same bits.
+//!
+//! Register blocks load a key or value chunk once for all the block's rows: weighted values in
+//! up to 6 rows × 64 columns on AVX-512 (6 × 16 on AVX2, 4 × 16 portable), prefill scores in 6
+//! rows × 32 keys (4 × 16 on AVX2 and portable). Those shapes won the measured candidates
+//! (benches/RESULTS.md, "Flash attention in register blocks"); the loops had been bound by loads,
+//! not FMAs. The exp is a branch-free polynomial, so the lanes vectorise; it stays within a
+//! relative 3 ε of libm's (`exp_is_within_a_few_ulp_of_libm`).
 
 /// Columns per vector chunk: a row's values are padded to a multiple of it and summed in chunks of
 /// it (a 512-bit register whole, a 256-bit one in two halves); a tile's weights are summed in as

@@ -1,6 +1,10 @@
 //! CPU kernels of `kquant_matmul`: the packed Q4_K and Q6_K row tiles (`packed_q4k`,
-//! `packed_q6k`) against up to four activation rows at a time, each with a portable loop that
-//! states the order of operations and x86 kernels that give its bits (AVX2, AVX-512 VNNI).
+//! `packed_q6k`) against several activation rows at a time, each with a portable loop that
+//! states the order of operations and x86 kernels that give its bits (AVX2, AVX-512 VNNI, AMX).
+//!
+//! A row tile runs against four activation rows at a time with AVX-512 VNNI, three with AVX2,
+//! whose 16 registers spill a fourth row's int sums to the stack (f97f2e3); sixteen with AMX
+//! (`packed`'s walk).
 
 use super::packed::row_tile;
 use super::tiles::TILE_ROWS;

@@ -1,6 +1,11 @@
 //! The CUDA forms of `reshape_and_cache` and paged attention: the decode kernel
 //! (`kernels/paged_attention.cu`), the tensor-core prefill kernel (`kernels/prefill_attention.cu`)
 //! and the merge of their partitions.
+//!
+//! Decode keeps the row kernel: one block per (KV head with up to 8 of its query heads, row,
+//! 512-key partition), so each K/V row is read once for those heads. Steps with a prefill chunk
+//! over f16 or bf16 caches at head dims 64 and 128 take the tensor-core `prefill_attention` (why
+//! ours and not `candle-flash-attn`: ARCHITECTURE.md, "Prefill attention").
 #![allow(unsafe_code)]
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, PushKernelArg};

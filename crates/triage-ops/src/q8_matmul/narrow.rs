@@ -1,12 +1,16 @@
 //! 4- and 5-bit values of a `Q8Matrix` (GGML's Q4_0, Q4_1, Q5_0, Q5_1 blocks), kept at their
 //! width in the interleaved layout: the AVX-512 kernel and AVX2's decode tiles widen them in
 //! registers; elsewhere (and for 16 or more activation rows) a span at a time is widened to int8
-//! (`widen`). Per group
-//! block (16 rows × 32 values): 256 bytes of nibbles, two steps to a byte (step 2p in the low
-//! nibble and 2p + 1 in the high, at step p's place in the int8 layout, so one 64-byte run widens
-//! to two steps), then for 5-bit values 64 bytes of fifth bits (byte `row · 4 + value`, bit
-//! `step`). With the f32 scales (and mins): 5 bits per weight for Q4_0, 6 for Q5_0 and Q4_1, 7
-//! for Q5_1, against int8's 9 (GGML files: 4.5–6).
+//! (`widen`). Per group block (16 rows × 32 values): 256 bytes of nibbles, two steps to a byte
+//! (step 2p in the low nibble and 2p + 1 in the high, at step p's place in the int8 layout, so
+//! one 64-byte run widens to two steps), then for 5-bit values 64 bytes of fifth bits (byte
+//! `row · 4 + value`, bit `step`). With the f32 scales (and mins): 5 bits per weight for Q4_0, 6
+//! for Q5_0 and Q4_1, 7 for Q5_1, against int8's 9 (GGML files: 4.5–6).
+//!
+//! The 16 is `WIDEN_ROWS` (`q8_matmul.rs`): from there, widening a span once into scratch beats
+//! widening in registers again per 8 rows (prefill 555 tok/s when every row count widened in
+//! registers); below it, registers beat scratch (decode 34 tok/s when every row count used
+//! scratch). benches/RESULTS.md, "GGUF files as shipped".
 
 use super::ggml_blocks::GgmlBlockType;
 use super::matrix::{BLOCK_STEPS, GROUP_BLOCK_BYTES, GROUP_ROWS, LANE_VALUES};

@@ -3,7 +3,13 @@
 //! row's 4 values broadcast. After a block's 8 steps a lane holds the block's exact dot product;
 //! it is converted, scaled and fused into the row's f32 accumulator. Per block: one scale
 //! product and one fma per 32 products in every kernel, where the row-major layouts before
-//! needed them per 8 (and a horizontal sum), which bound prefill on the FMA ports.
+//! needed them per 8 (and a horizontal sum), which bound prefill on the FMA ports (prefill
+//! 105–116 GMAC/s before, 145–276 after, `ops_q8_matmul`).
+//!
+//! For one or two activation rows the AVX2 kernel reads both halves of a group at once, groups
+//! in stream order, with the 512-bit kernel's L2 prefetch. A half at a time (`halves`, still
+//! used for more rows) it streamed at about half VNNI's rate (11 against 23 GB/s; 26–32 after;
+//! benches/RESULTS.md, "The AVX2 kernels against an AVX2 llama.cpp").
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;

@@ -1,6 +1,11 @@
 //! x86 kernels of the packed Q4_K layout: one row tile (16 rows) against `C` activation rows.
 //! AVX-512 VNNI: one `vpdpbusd` per 4 values of all 16 rows. AVX2: `maddubs` per 4 values of 8
 //! rows, summed in int16 over a sub-block. Both form the module's exact integer sums.
+//!
+//! Every kernel prefetches the next super-block's tile into L2, not L1: into L1 the prefetches
+//! held the fill buffers the loads waited on. The eight sub-blocks stay a loop behind an opaque
+//! trip count: fully unrolled for one activation row, the kernel ran at 28–35 GB/s. The two
+//! together took a 1.5B decode step's Q4_K from 14.5 to 11.7 ms (42f4ded).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;

@@ -1,6 +1,9 @@
 //! x86 kernels of the packed Q6_K layout: one row tile (16 rows) against `C` activation rows, as
 //! `packed_q4k`'s (one `vpdpbusd` per 4 values of 16 rows with AVX-512 VNNI; `maddubs` and `madd`
 //! per 8 rows with AVX2). Both form the module's exact integer sums.
+//!
+//! Every kernel prefetches the next super-block's tile into L2, not L1: into L1 the prefetches
+//! held the fill buffers the loads waited on (a 1.5B decode step's Q6_K 23 → 15 ms, cf850dc).
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
