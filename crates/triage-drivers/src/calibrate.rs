@@ -163,7 +163,22 @@ fn choose_self_route_and_write(
         apart && !asked,
         !asked,
     );
-    let (winner, loser) = match (mine, theirs) {
+    let (winner, loser) = better(mine, theirs, rule)?;
+    let other = OtherSetting {
+        self_route: !winner.self_route,
+        point: loser.map(|c| c.chosen.at).map_err(|e| e.with_sources()),
+    };
+    write(winner, Some(other), out, routing)
+}
+
+/// The better of two settings' calibrations, and the other (or why it has none): where both
+/// have one, the one `calibrate::beats` prefers, ours on a tie; where neither, our failure.
+fn better(
+    mine: Result<Candidate>,
+    theirs: Result<Candidate>,
+    rule: Rule,
+) -> Result<(Candidate, Result<Candidate>)> {
+    Ok(match (mine, theirs) {
         (Ok(m), Ok(t)) => {
             let floor = rule.floor_accuracy(m.chosen.lc_accuracy);
             if calibrate::beats(&t.chosen.at, &m.chosen.at, floor) {
@@ -175,12 +190,7 @@ fn choose_self_route_and_write(
         (Ok(m), Err(e)) => (m, Err(e)),
         (Err(e), Ok(t)) => (t, Err(e)),
         (Err(e), Err(_)) => return Err(e),
-    };
-    let other = OtherSetting {
-        self_route: !winner.self_route,
-        point: loser.map(|c| c.chosen.at).map_err(|e| e.with_sources()),
-    };
-    write(winner, Some(other), out, routing)
+    })
 }
 
 /// Where forced RAG's answers with the decline offer `self_route` go, beside `runs`.
