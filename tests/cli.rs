@@ -745,6 +745,7 @@ fn every_q8_kernel_gives_the_same_greedy_tokens_and_an_unknown_one_is_an_error()
             .collect::<Vec<_>>()
     };
     // The portable loop sums in scalar order, so only the SIMD kernels are bit-identical.
+    use triage_ops::KernelChoice;
     let best = triage_ops::Q8Kernel::best();
     let reference = run(best.name());
     assert_eq!(reference.len(), 12);

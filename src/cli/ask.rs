@@ -5,43 +5,54 @@ use std::io::Write;
 use anyhow::Result;
 use serde_json::json;
 
-use triage::{AnswerEvent, AskRequest, Engine, Route, TriageConfig};
+use triage::{AnswerEvent, AskRequest, Engine};
 
-/// What `triage ask` was given.
-#[derive(Debug, Clone)]
-pub struct AskCommand {
+use super::EngineArgs;
+
+#[derive(clap::Args)]
+pub struct AskArgs {
+    /// A corpus made by `triage ingest`.
+    #[arg(long)]
     pub corpus: String,
     pub question: String,
-    pub route: Route,
+    /// auto (let the router decide), none (closed book), rag, hybrid or lc (whole corpus).
+    #[arg(long, default_value = "auto")]
+    pub route: String,
+    /// Entropy threshold τ of this question (in the configured estimator's unit).
+    #[arg(long)]
     pub tau: Option<f32>,
+    #[arg(long)]
     pub max_tokens: Option<usize>,
-    /// Models and routing settings (the config file with the command line's overrides).
-    pub config: TriageConfig,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Print one JSON object: answer, route (the decision record), usage, timings.
+    #[arg(long)]
     pub json: bool,
 }
 
 /// Run the question; prints the answer as it streams (or one JSON object with `--json`).
-pub fn ask(cmd: &AskCommand) -> Result<()> {
+pub fn run(args: AskArgs) -> Result<()> {
+    let route = args.route.parse()?;
     // Only the asked corpus is loaded.
-    let mut config = cmd.config.clone();
-    config.pipeline.corpora = vec![cmd.corpus.clone()];
+    let mut config = args.engine.load()?;
+    config.pipeline.corpora = vec![args.corpus.clone()];
     let engine = Engine::new(config)?;
     let request = AskRequest {
-        corpus: cmd.corpus.clone(),
-        question: cmd.question.clone(),
-        route: cmd.route,
-        tau: cmd.tau,
-        max_tokens: cmd.max_tokens,
+        corpus: args.corpus,
+        question: args.question,
+        route,
+        tau: args.tau,
+        max_tokens: args.max_tokens,
     };
     let mut stdout = std::io::stdout().lock();
-    let stream = !cmd.json;
+    let stream = !args.json;
     let answer = engine.ask_stream(&request, |event| {
         if let (true, AnswerEvent::Delta(text)) = (stream, &event) {
             let _ = stdout.write_all(text.as_bytes());
             let _ = stdout.flush();
         }
     })?;
-    if cmd.json {
+    if args.json {
         let out = json!({
             "answer": answer.text,
             "route": answer.decision,

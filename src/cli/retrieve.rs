@@ -1,162 +1,100 @@
-//! `triage ingest` and `triage retrieve`: corpora under `$TRIAGE_HOME`, embedded with the
-//! fetched MiniLM (or another sentence-transformers folder), searched through `triage-router`'s
-//! `Retriever` (the base model writes pseudo-passages and reranks).
+//! `triage retrieve`: search a corpus (dense, BM25, hybrid or dual-path, optionally reranked)
+//! and print the hits.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use anyhow::Result;
+use triage_drivers::RetrieveQuery;
+use triage_router::{RetrieveMode, RetrieveParams};
 
-use anyhow::{bail, Context, Result};
-use candle_core::Device;
-use serde_json::json;
-use triage::DeviceSpec;
-use triage_engine::{EngineConfig, KvBudget, LlmEngine};
-use triage_milvus::{MilvusBackend, SyncReport};
-use triage_models::bert::CrossEncoder;
-use triage_retrieval::SearchBackend;
-use triage_retrieval::{
-    load_documents, BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Embedder, IngestReport,
-};
-use triage_router::{RerankWith, RetrieveMode, RetrieveParams, Retriever};
-
-pub use triage::{load_embedder, DEFAULT_BASE_MODEL, DEFAULT_EMBEDDER};
-
-fn store() -> CorpusStore {
-    CorpusStore::new(&triage_models::paths::triage_home())
-}
-
-/// Ingest `paths` into `corpus`, deleting `delete`.
-pub fn ingest(
-    corpus: &str,
-    paths: &[PathBuf],
-    delete: &[String],
-    embedder: &str,
-    chunker: ChunkerConfig,
-) -> Result<IngestReport> {
-    if paths.is_empty() && delete.is_empty() {
-        bail!("nothing to do: give files or folders to ingest, or --delete DOC_ID");
-    }
-    let mut docs = Vec::new();
-    for p in paths {
-        docs.extend(load_documents(p)?);
-    }
-    let embedder = load_embedder(embedder)?;
-    let tokenizer = embedder.model.tokenizer().clone();
-    Ok(store().ingest(corpus, &docs, delete, &embedder, &tokenizer, chunker)?)
-}
-
-/// What `triage retrieve` was asked.
-#[derive(Debug, Clone)]
-pub struct RetrieveCommand {
+#[derive(clap::Args)]
+pub struct RetrieveArgs {
+    #[arg(long)]
     pub corpus: String,
     pub query: String,
-    pub params: RetrieveParams,
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    pub mode: Mode,
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    /// Candidates per arm, and the pool a reranker reorders.
+    #[arg(long, default_value_t = 30)]
+    pub candidates: usize,
     /// The embedder the corpus was built with, when it is not a default model.
+    #[arg(long)]
     pub embedder: Option<String>,
-    /// Rerank with the base model's yes/no judgements.
+    /// Rerank the candidates with the base model (log p(yes) − log p(no)) and report the six
+    /// retrieval features of the dense arm.
+    #[arg(long)]
     pub rerank: bool,
-    /// Rerank with this BERT cross-encoder folder instead.
-    pub cross_encoder: Option<PathBuf>,
-    /// The base model (name or path) for dual-path search and LLM reranking.
+    /// Rerank with a BERT cross-encoder folder (HF sequence-classification layout) instead.
+    #[arg(long)]
+    pub cross_encoder: Option<std::path::PathBuf>,
+    /// Base model for dual-path pseudo-passages and LLM reranking.
+    #[arg(long, default_value = triage::DEFAULT_BASE_MODEL)]
     pub model: String,
-    /// Rank with the corpus's mirror in this Milvus (`http://HOST:PORT`) instead of the
-    /// embedded indexes.
+    /// Rank with the corpus's mirror in Milvus (`http://HOST:PORT`; see `ingest --milvus`).
+    #[arg(long)]
     pub milvus: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// The corpus's own embedder (or `name_or_path`), checked against what the corpus was built with.
-pub fn corpus_embedder(corpus: &Corpus, name_or_path: Option<&str>) -> Result<BertEmbedder> {
-    // The corpus records its embedder as "name:dim:max_len".
-    let stored = corpus
-        .embedder_id()
-        .split(':')
-        .next()
-        .unwrap_or(DEFAULT_EMBEDDER)
-        .to_string();
-    let embedder = load_embedder(name_or_path.unwrap_or(&stored))?;
-    if embedder.id() != corpus.embedder_id() {
-        bail!(
-            "corpus was embedded with {}, not {}",
-            corpus.embedder_id(),
-            embedder.id()
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Mode {
+    Dense,
+    Bm25,
+    Hybrid,
+    /// Question + model-written pseudo-passage, ranked by joint similarity.
+    Dual,
+}
+
+/// Search and print the hits (the whole answer as one JSON object with `--json`).
+pub fn run(args: RetrieveArgs) -> Result<()> {
+    let mode = match args.mode {
+        Mode::Dense => RetrieveMode::Dense,
+        Mode::Bm25 => RetrieveMode::Bm25,
+        Mode::Hybrid => RetrieveMode::Hybrid,
+        Mode::Dual => RetrieveMode::Dual,
+    };
+    let out = triage_drivers::retrieve(&RetrieveQuery {
+        corpus: args.corpus,
+        query: args.query,
+        params: RetrieveParams {
+            mode,
+            k: args.k,
+            candidates: args.candidates,
+            ..RetrieveParams::default()
+        },
+        embedder: args.embedder,
+        rerank: args.rerank,
+        cross_encoder: args.cross_encoder,
+        model: args.model,
+        milvus: args.milvus,
+    })?;
+    if args.json {
+        println!("{out}");
+        return Ok(());
+    }
+    print_hits(&out);
+    Ok(())
+}
+
+/// The pseudo-passage (dual-path) and one line per hit: rank, score, document, text.
+fn print_hits(out: &serde_json::Value) {
+    if let Some(passage) = out["pseudo_passage"].as_str() {
+        println!("pseudo-passage: {}", passage.replace('\n', " "));
+    }
+    for hit in out["hits"].as_array().into_iter().flatten() {
+        let text: String = hit["text"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(100)
+            .collect();
+        println!(
+            "{:>2}. {:.4}  {}  {}",
+            hit["rank"],
+            hit["score"].as_f64().unwrap_or(0.0),
+            hit["document"].as_str().unwrap_or(""),
+            text.replace('\n', " ")
         );
     }
-    Ok(embedder)
-}
-
-/// A batching engine over the base model, sized for one query's reranking pool.
-pub fn base_engine(name_or_path: &str) -> Result<LlmEngine> {
-    let model = triage::load_model(name_or_path, DeviceSpec::Cpu)?;
-    let config = EngineConfig {
-        kv_budget: KvBudget::Blocks(4096),
-        max_num_seqs: 32,
-        ..EngineConfig::default()
-    };
-    Ok(LlmEngine::new(Arc::new(model), config)?)
-}
-
-/// Make the Milvus collection of `corpus` hold exactly its chunks.
-pub fn sync_milvus(corpus: &str, uri: &str) -> Result<SyncReport> {
-    let corpus = store().open(corpus)?;
-    let milvus = MilvusBackend::connect(uri, &corpus)?;
-    Ok(milvus.sync(&corpus)?)
-}
-
-/// Search and return the JSON the command prints.
-pub fn retrieve(cmd: &RetrieveCommand) -> Result<serde_json::Value> {
-    if cmd.rerank && cmd.cross_encoder.is_some() {
-        bail!("--rerank and --cross-encoder both choose a reranker: give one");
-    }
-    let corpus = store().open(&cmd.corpus)?;
-    let embedder = corpus_embedder(&corpus, cmd.embedder.as_deref())?;
-    let needs_engine = cmd.rerank || cmd.params.mode == RetrieveMode::Dual;
-    let mut engine = if needs_engine {
-        Some(base_engine(&cmd.model)?)
-    } else {
-        None
-    };
-    let mut cross_encoder = match &cmd.cross_encoder {
-        Some(dir) => Some(
-            CrossEncoder::load(dir, &Device::Cpu)
-                .with_context(|| format!("loading cross-encoder {}", dir.display()))?,
-        ),
-        None => None,
-    };
-    let rerank_with = match (&mut cross_encoder, cmd.rerank) {
-        (Some(ce), _) => RerankWith::Custom(ce),
-        (None, true) => RerankWith::Llm,
-        (None, false) => RerankWith::None,
-    };
-    let milvus = match &cmd.milvus {
-        Some(uri) => Some(MilvusBackend::connect(uri, &corpus)?),
-        None => None,
-    };
-    let mut retriever = Retriever {
-        corpus: &corpus,
-        embedder: &embedder,
-        generator: engine
-            .as_mut()
-            .map(|e| e as &mut dyn triage_router::Generator),
-        backend: milvus.as_ref().map(|m| m as &dyn SearchBackend),
-    };
-    let found = retriever.retrieve(&cmd.query, &cmd.params, rerank_with)?;
-    Ok(json!({
-        "corpus": corpus.name,
-        "query": cmd.query,
-        "mode": format!("{:?}", cmd.params.mode).to_lowercase(),
-        "pseudo_passage": found.pseudo_passage,
-        "features": found.features,
-        "hits": found.hits.iter().enumerate().map(|(i, h)| json!({
-            "rank": i + 1,
-            "id": h.chunk.id,
-            "document": h.chunk.doc_id,
-            "title": h.chunk.title,
-            "kind": h.chunk.kind,
-            "score": h.score,
-            "dense_rank": h.dense_rank,
-            "dense_score": h.dense_score,
-            "bm25_rank": h.bm25_rank,
-            "pseudo_rank": h.pseudo_rank,
-            "text": h.chunk.text,
-        })).collect::<Vec<_>>(),
-    }))
 }

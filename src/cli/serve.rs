@@ -9,24 +9,37 @@ use triage::{DeviceSpec, ModelEntry, ModelRole, TriageConfig};
 use triage_server::{routing_service, start_workers};
 use triage_server::{AppState, EngineWorker};
 
-/// Command-line overrides of the config file.
-#[derive(Debug, Default)]
-pub struct ServeOverrides {
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML file: host, port, api_key, limits and the models with roles and KV budgets.
+    #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Address to bind (default 127.0.0.1: loopback only).
+    #[arg(long)]
     pub host: Option<String>,
+    #[arg(long)]
     pub port: Option<u16>,
+    /// Require `Authorization: Bearer KEY` on every /v1 request.
+    #[arg(long)]
     pub api_key: Option<String>,
-    pub api_key_file: Option<PathBuf>,
-    /// Serve these models (names or paths) instead of the config's list.
+    /// Read the API key from this file (its first line) instead: a flag shows in `ps`.
+    /// `TRIAGE_API_KEY` in the environment is read when neither is given.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Serve this model (name or path) instead of the config's list; repeatable.
+    #[arg(long = "model")]
     pub models: Vec<String>,
-    /// Run every model on this device instead of each entry's `device`.
+    /// Run every model on `cpu`, `cuda` or `cuda:N` instead of each entry's `device`.
+    #[arg(long)]
     pub device: Option<DeviceSpec>,
-    /// Decode eagerly even where a model's entry turns CUDA graphs on.
+    /// Decode eagerly, op by op, even where a model's entry sets `cuda_graphs = true` (as
+    /// vLLM's `--enforce-eager`).
+    #[arg(long)]
     pub no_cuda_graphs: bool,
 }
 
 /// The config file (or the defaults) with the command line's overrides applied.
-pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
+fn server_config(o: ServeArgs) -> Result<TriageConfig> {
     let mut config = match &o.config {
         Some(path) => TriageConfig::from_file(path)?,
         None => TriageConfig::default(),
@@ -69,8 +82,8 @@ pub fn server_config(o: ServeOverrides) -> Result<TriageConfig> {
 }
 
 /// Run the server until a shutdown signal.
-pub fn serve(overrides: ServeOverrides) -> Result<()> {
-    let config = server_config(overrides)?;
+pub fn run(args: ServeArgs) -> Result<()> {
+    let config = server_config(args)?;
     if let Some(warning) = config.server.exposure_warning() {
         tracing::warn!("{warning}");
     }

@@ -1,235 +1,129 @@
-//! `triage train classifier` and `triage train gain-policy`: fit the routing policies on labelled
-//! data, report their held-out quality, and freeze them to files the `[routing]` config names.
+//! `triage train classifier` and `triage train gain-policy`: fit a routing policy, save it, and
+//! print its held-out quality.
 
-use std::path::{Path, PathBuf};
-use std::time::Instant;
+use anyhow::Result;
+use clap::Subcommand;
+use triage_drivers::{ClassifierParams, ClassifierReport, GainPolicyParams, GainPolicyReport};
 
-use anyhow::{Context, Result};
-use serde::Serialize;
-use triage_engine::{EngineConfig, KvBudget, LlmEngine};
-use triage_policy::{
-    is_held_out, is_test_group, read_labelled, ClassifierQuality, GainExample, GainPolicy,
-    GainReport, LabelledQuery, HYBRID_CALL_COST,
-};
-use triage_retrieval::metrics::{hit_at, unique_documents};
-use triage_retrieval::{Embedder, Hit, SearchMode, SearchOptions};
-use triage_router::Retriever;
-use triage_router::{
-    best_threshold, evaluate, ClassifyWith, LearnedClassifier, QueryClass, ZeroShotClassifier,
-};
-
-/// Where fitted policies go by default.
-pub fn policy_dir() -> PathBuf {
-    triage_models::paths::triage_home().join("policies")
+#[derive(Subcommand)]
+pub enum TrainCommand {
+    /// The learned query classifier (MiniLM embedding + logistic regression), from a JSON-lines
+    /// file of {"query", "label": "point"|"global", "group"}; reports held-out accuracy.
+    Classifier {
+        #[arg(long, default_value = "data/query-classes/queries.jsonl")]
+        data: std::path::PathBuf,
+        /// Where to write the frozen model (default $TRIAGE_HOME/policies/classifier.json).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        #[arg(long, default_value = triage::DEFAULT_EMBEDDER)]
+        embedder: String,
+        /// Also measure the zero-shot classifier with this router model on the held-out rows.
+        #[arg(long)]
+        zero_shot_model: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The retrieval-gain policy (ridge on the six features, τ_h by grouped cross-validation).
+    GainPolicy {
+        #[arg(long, default_value = "squad")]
+        dataset: String,
+        #[arg(long, default_value_t = 500)]
+        questions: usize,
+        /// Where to write the frozen policy (default $TRIAGE_HOME/policies/gain-policy.json).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-/// Where `train classifier` saves the learned classifier by default.
-pub fn default_classifier_path() -> PathBuf {
-    policy_dir().join("classifier.json")
-}
-
-/// What `train classifier` measured.
-#[derive(Debug, Serialize)]
-pub struct ClassifierReport {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub train_rows: usize,
-    pub held_out_rows: usize,
-    pub held_out_groups: usize,
-    pub learned: ClassifierQuality,
-    /// The router model zero-shot on the same held-out rows.
-    pub zero_shot: Option<ClassifierQuality>,
-    /// Its threshold calibrated on the training rows, and its quality at that threshold.
-    pub zero_shot_threshold: Option<f64>,
-    pub zero_shot_calibrated: Option<ClassifierQuality>,
-    pub zero_shot_model: Option<String>,
-}
-
-/// Fit the learned classifier on the training groups of `data`, save it, and measure it and the
-/// zero-shot classifier on the held-out groups (one group in five).
-pub fn train_classifier(
-    data: &Path,
-    out: Option<&Path>,
-    embedder_name: &str,
-    zero_shot_model: Option<&str>,
-) -> Result<ClassifierReport> {
-    let rows = read_labelled(data)?;
-    let (held, train): (Vec<&LabelledQuery>, Vec<&LabelledQuery>) =
-        rows.iter().partition(|r| is_held_out(&r.group, 5));
-    anyhow::ensure!(
-        !train.is_empty() && !held.is_empty(),
-        "{} needs rows in both the training and the held-out groups",
-        data.display()
-    );
-    let embedder = triage::load_embedder(embedder_name)?;
-    let queries: Vec<&str> = train.iter().map(|r| r.query.as_str()).collect();
-    let labels: Vec<QueryClass> = train.iter().map(|r| r.label).collect();
-    let started = Instant::now();
-    let learned = LearnedClassifier::fit(&embedder, &queries, &labels)?;
-    eprintln!(
-        "fitted on {} rows in {:.1} s",
-        train.len(),
-        started.elapsed().as_secs_f64()
-    );
-    let path = out.map_or_else(default_classifier_path, Path::to_path_buf);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let sha256 = learned.save(&path)?;
-    let mut zero_shot = match zero_shot_model {
-        Some(name) => Some(engine(name)?),
-        None => None,
-    };
-    let (learned_quality, zero_shot_quality) = match zero_shot.as_mut() {
-        Some(engine) => {
-            let mut with = ClassifyWith {
-                embedder: &embedder,
-                generator: engine,
-            };
-            let l = evaluate(&learned, &held, &mut with)?;
-            let raw = ZeroShotClassifier::default();
-            let z = evaluate(&raw, &held, &mut with)?;
-            let threshold = best_threshold(&raw, &train, &mut with)?;
-            let calibrated = ZeroShotClassifier { threshold };
-            let zc = evaluate(&calibrated, &held, &mut with)?;
-            (l, Some((z, threshold, zc)))
+/// Fit the policy asked for and print what it measured (as JSON with `--json`).
+pub fn run(command: TrainCommand) -> Result<()> {
+    match command {
+        TrainCommand::Classifier {
+            data,
+            out,
+            embedder,
+            zero_shot_model,
+            json,
+        } => {
+            let r = triage_drivers::train_classifier(&ClassifierParams {
+                data,
+                out,
+                embedder,
+                zero_shot_model,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_classifier(&r);
+            }
         }
-        None => (learned_only(&learned, &held, &embedder)?, None),
-    };
-    let groups: std::collections::BTreeSet<&str> = held.iter().map(|r| r.group.as_str()).collect();
-    Ok(ClassifierReport {
-        path,
-        sha256,
-        train_rows: train.len(),
-        held_out_rows: held.len(),
-        held_out_groups: groups.len(),
-        learned: learned_quality,
-        zero_shot: zero_shot_quality.map(|z| z.0),
-        zero_shot_threshold: zero_shot_quality.map(|z| z.1),
-        zero_shot_calibrated: zero_shot_quality.map(|z| z.2),
-        zero_shot_model: zero_shot_model.map(str::to_string),
-    })
-}
-
-/// The learned classifier's quality without a generator (it needs only the embedder).
-fn learned_only(
-    learned: &LearnedClassifier,
-    rows: &[&LabelledQuery],
-    embedder: &dyn Embedder,
-) -> Result<ClassifierQuality> {
-    let queries: Vec<&str> = rows.iter().map(|r| r.query.as_str()).collect();
-    let vectors = embedder.embed(&queries)?;
-    let mut scores = Vec::with_capacity(rows.len());
-    for v in &vectors {
-        scores.push(learned.model.logistic.predict(v)?);
-    }
-    let labels: Vec<bool> = rows.iter().map(|r| r.label == QueryClass::Global).collect();
-    let correct = scores
-        .iter()
-        .zip(&labels)
-        .filter(|(p, l)| (**p >= learned.model.threshold) == **l)
-        .count();
-    Ok(ClassifierQuality {
-        accuracy: correct as f64 / rows.len() as f64,
-        auroc: triage_policy::auroc(&scores, &labels),
-    })
-}
-
-fn engine(name: &str) -> Result<LlmEngine> {
-    let model = triage::load_model(name, triage::DeviceSpec::Cpu)?;
-    let config = EngineConfig {
-        kv_budget: KvBudget::Blocks(2048),
-        ..EngineConfig::default()
-    };
-    Ok(LlmEngine::new(std::sync::Arc::new(model), config)?)
-}
-
-/// What `train gain-policy` measured.
-#[derive(Debug, Serialize)]
-pub struct GainPolicyReport {
-    pub path: PathBuf,
-    pub sha256: String,
-    pub dataset: String,
-    pub questions: usize,
-    /// Questions whose document is in the held-out tenth (left for the evaluation).
-    pub held_out_questions: usize,
-    pub tau_h: f64,
-    pub cross_validation: GainReport,
-}
-
-fn as_strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
-
-fn documents_of(hits: &[Hit]) -> Vec<String> {
-    unique_documents(hits.iter().map(|h| h.chunk.doc_id.as_str()))
-        .into_iter()
-        .map(str::to_string)
-        .collect()
-}
-
-/// Fit the gain policy on a data set's dev questions: for each, the six features (reranked
-/// order = dense order), and whether dense and hybrid each find a gold document in their top 10.
-pub fn train_gain_policy(
-    dataset: &str,
-    questions: usize,
-    out: Option<&Path>,
-) -> Result<GainPolicyReport> {
-    let data = crate::cli::bench_retrieval::load_dataset(dataset, questions)?;
-    let embedder = triage::load_embedder(triage::DEFAULT_EMBEDDER)?;
-    let (corpus, _) = crate::cli::bench_retrieval::dataset_corpus(&data, questions, &embedder)?;
-    let mut examples = Vec::new();
-    let mut held_out = 0;
-    let started = Instant::now();
-    for ex in &data.examples {
-        let group = ex.gold_docs.first().cloned().unwrap_or_default();
-        if is_test_group(&group) {
-            held_out += 1;
-            continue;
+        TrainCommand::GainPolicy {
+            dataset,
+            questions,
+            out,
+            json,
+        } => {
+            let r = triage_drivers::train_gain_policy(&GainPolicyParams {
+                dataset,
+                questions,
+                out,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                print_gain_policy(&r);
+            }
         }
-        let mut retriever = Retriever {
-            corpus: &corpus,
-            embedder: &embedder,
-            generator: None,
-            backend: None,
-        };
-        let vector = embedder.embed(&[ex.question.as_str()])?.remove(0);
-        let features = retriever.dense_features(&ex.question, Some(&vector))?;
-        let search = |mode| {
-            let options = SearchOptions {
-                mode,
-                k: 10,
-                ..SearchOptions::default()
-            };
-            corpus.search(&ex.question, Some(&vector), &options)
-        };
-        let dense = documents_of(&search(SearchMode::Dense)?);
-        let hybrid = documents_of(&search(SearchMode::Hybrid)?);
-        examples.push(GainExample {
-            features: features.to_array(),
-            hit_dense: hit_at(&as_strs(&dense), &ex.gold_docs, 10) > 0.0,
-            hit_hybrid: hit_at(&as_strs(&hybrid), &ex.gold_docs, 10) > 0.0,
-            group,
-        });
     }
-    eprintln!(
-        "{} dev questions searched in {:.1} s",
-        examples.len(),
-        started.elapsed().as_secs_f64()
+    Ok(())
+}
+
+fn print_classifier(r: &ClassifierReport) {
+    let auroc = |a: Option<f64>| a.map_or("n/a".into(), |a| format!("{a:.3}"));
+    println!(
+        "learned classifier: held-out accuracy {:.3}, AUROC {} on {} rows ({} groups); \
+         trained on {} rows",
+        r.learned.accuracy,
+        auroc(r.learned.auroc),
+        r.held_out_rows,
+        r.held_out_groups,
+        r.train_rows
     );
-    let policy = GainPolicy::fit(&examples, HYBRID_CALL_COST)?;
-    let path = out.map_or_else(|| policy_dir().join("gain-policy.json"), Path::to_path_buf);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if let (Some(z), Some(m)) = (r.zero_shot, &r.zero_shot_model) {
+        println!(
+            "zero-shot ({m}): held-out accuracy {:.3}, AUROC {}",
+            z.accuracy,
+            auroc(z.auroc)
+        );
     }
-    let sha256 = policy.save(&path)?;
-    Ok(GainPolicyReport {
-        path,
-        sha256,
-        dataset: dataset.to_string(),
-        questions: data.examples.len(),
-        held_out_questions: held_out,
-        tau_h: policy.model.tau_h,
-        cross_validation: policy.model.report.clone(),
-    })
+    if let (Some(t), Some(z)) = (r.zero_shot_threshold, r.zero_shot_calibrated) {
+        println!(
+            "zero-shot with its threshold calibrated on the training rows \
+             (P(global) >= {t:.4}; routing: classifier = {{ zero_shot_threshold = \
+             {t:.4} }}): held-out accuracy {:.3}",
+            z.accuracy
+        );
+    }
+    println!("saved {} (sha256 {})", r.path.display(), r.sha256);
+}
+
+fn print_gain_policy(r: &GainPolicyReport) {
+    let cv = &r.cross_validation;
+    println!(
+        "gain policy on {} {} questions ({} held out): tau_h = {:.4}",
+        cv.num_examples, r.dataset, r.held_out_questions, r.tau_h
+    );
+    println!(
+        "cross-validated Hit@10: dense {:.3}, hybrid {:.3}, policy {:.3} at a hybrid \
+         rate of {:.3}; objective policy {:.3} vs always-hybrid {:.3}",
+        cv.hit_dense_always,
+        cv.hit_hybrid_always,
+        cv.hit_policy,
+        cv.hybrid_rate,
+        cv.objective_policy,
+        cv.objective_hybrid_always
+    );
+    println!("saved {} (sha256 {})", r.path.display(), r.sha256);
 }

@@ -7,11 +7,12 @@
 //! long-context prompt and its pin); only the corpus is synthetic and the embedder the hashing
 //! one, since no real embedder travels to a GPU machine and random weights answer noise anyway.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use triage_engine::EngineSet;
+use triage_host::load_model;
 use triage_models::model::Model;
 use triage_models::DeviceSpec;
 use triage_retrieval::WordOffsets;
@@ -22,6 +23,9 @@ use triage_router::{
     RoutingConfig,
 };
 use triage_router::{DecisionRecord, MonitorVerdict, Stage, StageRecord};
+
+use crate::bench::engine_config;
+use crate::error::{bail, io_doing, DriverError, Result};
 
 /// The hashing embedder's width: enough buckets that the synthetic documents' words rarely
 /// collide.
@@ -149,21 +153,13 @@ fn documents(model: &Model, tokens: usize) -> Result<Vec<Document>> {
 fn role_engines(config: &EscalateBenchConfig) -> Result<RoleEngines> {
     let tokens = config.prefix_tokens + 8192;
     let mut set = EngineSet::new();
-    let base = crate::load(&config.model, config.device)?;
-    set.add(
-        "base",
-        base.clone(),
-        super::bench::engine_config(tokens, 4, false),
-    )?;
+    let base = Arc::new(load_model(&config.model, config.device)?);
+    set.add("base", base.clone(), engine_config(tokens, 4, false))?;
     let lc_name = if config.lc_model == config.model {
         "base"
     } else {
-        let lc = crate::load(&config.lc_model, config.device)?;
-        set.add(
-            "long-context",
-            lc,
-            super::bench::engine_config(tokens, 4, false),
-        )?;
+        let lc = Arc::new(load_model(&config.lc_model, config.device)?);
+        set.add("long-context", lc, engine_config(tokens, 4, false))?;
         "long-context"
     };
     let mut roles = RoleEngines::new(set);
@@ -209,7 +205,7 @@ fn pin(config: &EscalateBenchConfig, routing: &RoutingConfig) -> Result<Pinned> 
     let mut roles = role_engines(config)?;
     let lc_model = roles.model(ModelRole::LongContext)?;
     let docs = documents(&lc_model, config.prefix_tokens)?;
-    let store_dir = tempfile::tempdir().context("creating a scratch corpus store")?;
+    let store_dir = tempfile::tempdir().map_err(io_doing("creating a scratch corpus store"))?;
     let store = CorpusStore::new(store_dir.path());
     let chunker = ChunkerConfig::default();
     store.ingest(CORPUS, &docs, &[], &EMBEDDER, &WordOffsets, chunker)?;
@@ -224,7 +220,10 @@ fn pin(config: &EscalateBenchConfig, routing: &RoutingConfig) -> Result<Pinned> 
     let pin_ms = started.elapsed().as_secs_f64() * 1e3;
     let block_size = {
         let name = roles.engine_name(ModelRole::LongContext)?;
-        let engine = roles.engines().get(name).context("the engine is gone")?;
+        let engine = roles
+            .engines()
+            .get(name)
+            .ok_or_else(|| DriverError::Invalid("the engine is gone".into()))?;
         engine.scheduler().kv().block_size()
     };
     Ok(Pinned {
@@ -239,7 +238,8 @@ fn pin(config: &EscalateBenchConfig, routing: &RoutingConfig) -> Result<Pinned> 
     })
 }
 
-pub fn run(config: &EscalateBenchConfig) -> Result<EscalateBench> {
+/// Pin the corpus, ask a warm-up question, then measure one escalation.
+pub fn bench_escalate(config: &EscalateBenchConfig) -> Result<EscalateBench> {
     if config.prefix_tokens == 0 || config.answer_tokens == 0 {
         bail!("--prefix-tokens and --answer-tokens must be at least 1");
     }
@@ -281,7 +281,7 @@ fn measured(
     let monitor = record
         .monitor
         .as_ref()
-        .context("the RAG stage left no monitor record")?;
+        .ok_or_else(|| DriverError::Invalid("the RAG stage left no monitor record".into()))?;
     let lc_stage = stage(record, Stage::Lc);
     let rag_stage = stage(record, Stage::Rag);
     let head = &monitor.trace[..monitor.trace.len().min(window)];
@@ -315,23 +315,4 @@ fn measured(
         lc_ms: lc_stage.map_or(0.0, |s| s.ms),
         total_ms: answer.timings.total_ms,
     })
-}
-
-/// The one-line summary printed without `--json`.
-pub fn summary(r: &EscalateBench) -> String {
-    let handoff = r
-        .handoff_ms
-        .map_or("no handoff".to_string(), |ms| format!("handoff {ms:.1} ms"));
-    format!(
-        "{} prefix tokens pinned in {:.0} ms; τ {} vs mean entropy {:.3}: escalated {} ({}); \
-         {handoff}, {} prefix blocks reused, {} tokens prefilled on escalation",
-        r.prefix_tokens,
-        r.pin_ms,
-        r.tau,
-        r.mean_entropy,
-        r.escalated,
-        r.reason,
-        r.prefix_blocks_reused,
-        r.tokens_prefilled_on_escalation
-    )
 }

@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
 use serde::Serialize;
 use triage_eval::datasets::{self, QaDataset, QaExample};
 use triage_retrieval::metrics::{hit_at, recall_at, reciprocal_rank, unique_documents};
@@ -16,6 +15,9 @@ use triage_retrieval::{
 use triage_router::{write_pseudo_passages, LlmReranker, PSEUDO_PASSAGE_TOKENS};
 
 use triage_fetch::data_file;
+use triage_host::load_embedder;
+
+use crate::error::{bail, Result};
 
 /// Cut-offs reported.
 pub const KS: [usize; 3] = [2, 5, 10];
@@ -202,7 +204,7 @@ fn llm_arms(
     examples: &[QaExample],
     model: &str,
 ) -> Result<BTreeMap<&'static str, Rankings>> {
-    let mut engine = crate::cli::retrieve::base_engine(model)?;
+    let mut engine = crate::retrieve::base_engine(model)?;
     let mut arms: BTreeMap<&'static str, Rankings> = BTreeMap::new();
     let started = Instant::now();
     for (i, batch) in examples.chunks(PSEUDO_BATCH).enumerate() {
@@ -246,9 +248,10 @@ fn llm_arms(
     Ok(arms)
 }
 
-pub fn run(config: &RetrievalBenchConfig) -> Result<RetrievalBench> {
+/// Every arm's scores on the data set, with ingestion and query timings; progress on stderr.
+pub fn bench_retrieval(config: &RetrievalBenchConfig) -> Result<RetrievalBench> {
     let data = load(config)?;
-    let embedder = triage::load_embedder(&config.embedder)?;
+    let embedder = load_embedder(&config.embedder)?;
     eprintln!(
         "{}: ingesting {} documents",
         data.name,
@@ -290,45 +293,4 @@ pub fn run(config: &RetrievalBenchConfig) -> Result<RetrievalBench> {
         search_latency: latency(timings.search),
         arms,
     })
-}
-
-/// The report as a Markdown table (one row per arm and question set).
-pub fn markdown(bench: &RetrievalBench) -> String {
-    let mut out = format!(
-        "{}: {} documents, {} chunks; ingest {:.1} s ({} chunks embedded, {:.1}/s); hybrid query \
-         p50 {:.1} ms, p95 {:.1} ms over {} queries (embedding p50 {:.1} / p95 {:.1} ms, search \
-         p50 {:.1} / p95 {:.1} ms)\n\n",
-        bench.dataset,
-        bench.documents,
-        bench.chunks,
-        bench.ingest_s,
-        bench.chunks_embedded,
-        bench.chunks_per_s,
-        bench.hybrid_latency.p50_ms,
-        bench.hybrid_latency.p95_ms,
-        bench.hybrid_latency.queries,
-        bench.embed_latency.p50_ms,
-        bench.embed_latency.p95_ms,
-        bench.search_latency.p50_ms,
-        bench.search_latency.p95_ms,
-    );
-    out.push_str("| arm | questions | Hit@2 | Hit@5 | Hit@10 | R@2 | R@5 | R@10 | MRR |\n");
-    out.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    for a in &bench.arms {
-        let cell =
-            |m: &BTreeMap<usize, f64>, k| format!("{:.3}", m.get(&k).copied().unwrap_or(0.0));
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
-            a.arm,
-            a.questions,
-            cell(&a.hit, 2),
-            cell(&a.hit, 5),
-            cell(&a.hit, 10),
-            cell(&a.recall, 2),
-            cell(&a.recall, 5),
-            cell(&a.recall, 10),
-            a.mrr
-        ));
-    }
-    out
 }
