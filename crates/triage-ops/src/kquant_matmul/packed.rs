@@ -70,6 +70,74 @@ pub(super) trait PackedKQuant {
     );
 }
 
+/// The `PackedKQuant` impl of a layout module, which forwards to the module's `portable_row`, its
+/// `x86` kernels and the AMX skeleton over its `AmxLayout`. Every layout forwards the same way, so
+/// the impl is written once; names resolve in the module that invokes it.
+macro_rules! impl_packed_kquant {
+    ($layout:ty) => {
+        impl PackedKQuant for $layout {
+            fn portable_row(&self, t: usize, r: usize, act: &Acts, c: usize) -> f32 {
+                portable_row(self, t, r, act, c)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            unsafe fn tile_vnni<const C: usize>(
+                &self,
+                t: usize,
+                act: &Acts,
+                c0: usize,
+                out: &mut [[f32; TILE_ROWS]; TILE_A],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { x86::tile_vnni::<C>(self, t, act, c0, out) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            unsafe fn tile_avx2<const C: usize>(
+                &self,
+                t: usize,
+                act: &Acts,
+                c0: usize,
+                out: &mut [[f32; TILE_ROWS]; TILE_A],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { x86::tile_avx2::<C>(self, t, act, c0, out) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            unsafe fn row_avx2(
+                &self,
+                t: usize,
+                act: &Acts,
+                c0: usize,
+                out: &mut [[f32; TILE_ROWS]; TILE_A],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { x86::row_avx2(self, t, act, c0, out) }
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[allow(unsafe_code)]
+            unsafe fn tile_amx<T: crate::cpu::amx::Tiles>(
+                &self,
+                tiles: &mut T,
+                t: usize,
+                act: &Acts,
+                c0: usize,
+                rows: usize,
+                out: &mut [[f32; TILE_ROWS]; AMX_ROWS],
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe { super::amx::tile_amx(tiles, self, t, act, c0, rows, out) }
+            }
+        }
+    };
+}
+pub(super) use impl_packed_kquant;
+
 /// `all` as the `N` output rows a kernel fills (the buffer was made for that kernel).
 #[cfg(target_arch = "x86_64")]
 fn rows<const N: usize>(all: &mut [[f32; TILE_ROWS]]) -> &mut [[f32; TILE_ROWS]; N] {

@@ -11,7 +11,7 @@
 //! row gives the same bits alone as in a batch.
 
 use super::blocks::{self, Q4K_BYTES, Q4K_QS};
-use super::packed::PackedKQuant;
+use super::packed::{impl_packed_kquant, PackedKQuant};
 use super::tiles::{PackedTiles, TILE_ROWS};
 use super::{Acts, AMX_ROWS, QK_K, TILE_A};
 /// Bytes of one tile: 16 f16 `d`, 16 f16 `dmin`, 8 × 16 scales, 8 × 16 mins, then
@@ -109,63 +109,5 @@ pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
-/// The layout's kernels, for `packed::row_tile`.
-impl PackedKQuant for PackedQ4K {
-    fn portable_row(&self, t: usize, r: usize, act: &Acts, c: usize) -> f32 {
-        portable_row(self, t, r, act, c)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_vnni<const C: usize>(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::tile_vnni::<C>(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_avx2<const C: usize>(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::tile_avx2::<C>(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn row_avx2(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::row_avx2(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_amx<T: crate::cpu::amx::Tiles>(
-        &self,
-        tiles: &mut T,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        rows: usize,
-        out: &mut [[f32; TILE_ROWS]; AMX_ROWS],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { super::amx::tile_amx(tiles, self, t, act, c0, rows, out) }
-    }
-}
+// The layout's kernels, for `packed::row_tile`.
+impl_packed_kquant!(PackedQ4K);

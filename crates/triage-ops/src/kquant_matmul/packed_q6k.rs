@@ -10,7 +10,7 @@
 //! batch.
 
 use super::blocks::{self, Q6K_BYTES, Q6K_D, Q6K_QH, Q6K_SCALES};
-use super::packed::PackedKQuant;
+use super::packed::{impl_packed_kquant, PackedKQuant};
 use super::tiles::{PackedTiles, TILE_ROWS};
 use super::{Acts, AMX_ROWS, QK_K, TILE_A};
 
@@ -103,63 +103,5 @@ pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
-/// The layout's kernels, for `packed::row_tile`.
-impl PackedKQuant for PackedQ6K {
-    fn portable_row(&self, t: usize, r: usize, act: &Acts, c: usize) -> f32 {
-        portable_row(self, t, r, act, c)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_vnni<const C: usize>(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::tile_vnni::<C>(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_avx2<const C: usize>(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::tile_avx2::<C>(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn row_avx2(
-        &self,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        out: &mut [[f32; TILE_ROWS]; TILE_A],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { x86::row_avx2(self, t, act, c0, out) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    unsafe fn tile_amx<T: crate::cpu::amx::Tiles>(
-        &self,
-        tiles: &mut T,
-        t: usize,
-        act: &Acts,
-        c0: usize,
-        rows: usize,
-        out: &mut [[f32; TILE_ROWS]; AMX_ROWS],
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe { super::amx::tile_amx(tiles, self, t, act, c0, rows, out) }
-    }
-}
+// The layout's kernels, for `packed::row_tile`.
+impl_packed_kquant!(PackedQ6K);
