@@ -18,6 +18,15 @@ pub fn max_abs_diff<T: AbsDiff + ?Sized>(a: &T, b: &T) -> f32 {
     a.max_abs_diff(b)
 }
 
+/// The larger of two distances, NaN when either is (`f32::max` would drop the NaN).
+fn nan_max(m: f32, d: f32) -> f32 {
+    if m.is_nan() || d.is_nan() {
+        f32::NAN
+    } else {
+        m.max(d)
+    }
+}
+
 impl AbsDiff for Tensor {
     fn max_abs_diff(&self, other: &Self) -> f32 {
         assert_eq!(self.shape(), other.shape(), "tensors of different shapes");
@@ -35,13 +44,7 @@ impl AbsDiff for [f32] {
     fn max_abs_diff(&self, other: &Self) -> f32 {
         assert_eq!(self.len(), other.len(), "rows of different lengths");
         let diffs = self.iter().zip(other).map(|(x, y)| (x - y).abs());
-        diffs.fold(0f32, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f32::NAN
-            } else {
-                m.max(d)
-            }
-        })
+        diffs.fold(0f32, nan_max)
     }
 }
 
@@ -57,13 +60,7 @@ impl AbsDiff for [Vec<f32>] {
         self.iter()
             .zip(other)
             .map(|(x, y)| x.max_abs_diff(y))
-            .fold(0f32, |m, d| {
-                if d.is_nan() || m.is_nan() {
-                    f32::NAN
-                } else {
-                    m.max(d)
-                }
-            })
+            .fold(0f32, nan_max)
     }
 }
 

@@ -48,16 +48,17 @@ impl Isa {
 #[cfg(target_arch = "x86_64")]
 fn detect() -> Isa {
     use std::arch::is_x86_feature_detected as has;
+    let avx512f = has!("avx512f");
     Isa {
         avx2: has!("avx2"),
         fma: has!("fma"),
         f16c: has!("f16c"),
         avx_vnni: has!("avxvnni"),
-        avx512f: has!("avx512f"),
+        avx512f,
         avx512bw: has!("avx512bw"),
         avx512vl: has!("avx512vl"),
         avx512vnni: has!("avx512vnni"),
-        amx_tile_int8: amx_tile_int8(),
+        amx_tile_int8: avx512f && amx_tile_int8(),
     }
 }
 
@@ -67,13 +68,10 @@ fn detect() -> Isa {
 }
 
 /// Whether this CPU has AMX-TILE and AMX-INT8 (`cpuid` leaf 7; std's detection of them is not
-/// stable). Asked only where AVX-512 F is: the AMX kernels scale with it, and leaf 7 exists on
-/// every CPU that has it.
+/// stable). `detect` asks only where AVX-512 F is: the AMX kernels scale with it, and leaf 7
+/// exists on every CPU that has it.
 #[cfg(target_arch = "x86_64")]
 fn amx_tile_int8() -> bool {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        return false;
-    }
     let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
     leaf7.edx >> 24 & 1 == 1 && leaf7.edx >> 25 & 1 == 1
 }
