@@ -4,14 +4,15 @@
 //!
 //!   write_fixture --shape tiny|qwen2.5-0.5b|qwen2.5-1.5b --dtype bf16|f32 --out DIR
 //!                 [--context-length N]   (the tiny shape's 512 holds no long-context corpus)
+//!                 [--shards N]           (N files and an index, as transformers shards)
 
 use candle_core::DType;
 use triage_models::config::Architecture;
-use triage_models::fixtures::{write_tiny_safetensors, TinySpec};
+use triage_models::fixtures::{write_sharded_safetensors, TinySpec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut shape, mut dtype, mut out) = ("tiny".to_string(), DType::BF16, None);
-    let mut context_length = None;
+    let (mut context_length, mut shards) = (None, 1);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -26,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--out" => out = Some(std::path::PathBuf::from(value()?)),
             "--context-length" => context_length = Some(value()?.parse::<usize>()?),
+            "--shards" => shards = value()?.parse::<usize>()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
@@ -38,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.context_length = n;
     }
     let start = std::time::Instant::now();
-    write_tiny_safetensors(&out, &spec, dtype)?;
+    write_sharded_safetensors(&out, &spec, dtype, shards)?;
     eprintln!(
         "write_fixture: {shape} ({dtype:?}) in {} ({:.1} s)",
         out.display(),

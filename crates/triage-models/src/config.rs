@@ -19,6 +19,7 @@ pub enum RopeStyle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Qwen2,
+    Qwen3,
     Llama,
 }
 
@@ -27,6 +28,7 @@ impl Architecture {
     pub fn name(self) -> &'static str {
         match self {
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
             Architecture::Llama => "llama",
         }
     }
@@ -35,6 +37,7 @@ impl Architecture {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "qwen2" => Ok(Architecture::Qwen2),
+            "qwen3" => Ok(Architecture::Qwen3),
             "llama" => Ok(Architecture::Llama),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
@@ -44,6 +47,7 @@ impl Architecture {
     pub fn spec(self) -> &'static ArchSpec {
         match self {
             Architecture::Qwen2 => &crate::qwen2::SPEC,
+            Architecture::Qwen3 => &crate::qwen3::SPEC,
             Architecture::Llama => &crate::llama::SPEC,
         }
     }
@@ -55,6 +59,8 @@ pub struct ArchSpec {
     pub arch: Architecture,
     /// Q, K and V projections carry a bias.
     pub qkv_bias: bool,
+    /// Each head of Q and K is RMS-normalised (its own weight, `head_dim` wide) before rope.
+    pub qk_norm: bool,
     /// Rope pairing in GGUF files of this architecture.
     pub gguf_rope: RopeStyle,
     /// Rope pairing in HF safetensors checkpoints.
@@ -76,10 +82,76 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rope_theta: f32,
     pub rope_style: RopeStyle,
+    /// How the rotary frequencies are rescaled for long contexts.
+    pub rope_scaling: RopeScaling,
     pub rms_norm_eps: f64,
     pub context_length: usize,
     pub qkv_bias: bool,
+    pub qk_norm: bool,
     pub tie_embeddings: bool,
+}
+
+/// A rescaling of the rotary frequencies `θ^(-2i/d)`: what HF's `rope_scaling` (or
+/// `rope_parameters`) and a GGUF file's `rope_freqs.weight` declare.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Every frequency divided by `factor` (HF `linear`, GGUF `rope.scaling.type = linear`).
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, the band between
+    /// interpolated smoothly (transformers' `_compute_llama3_parameters`).
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position_embeddings: usize,
+    },
+    /// Each frequency divided by its own factor: llama.cpp stores Llama 3's scaling this way,
+    /// as the `rope_freqs.weight` tensor (`head_dim / 2` values).
+    FreqFactors(Vec<f32>),
+}
+
+impl RopeScaling {
+    /// The frequencies `inv_freq` (one per pair of a head's dimensions) rescaled.
+    pub fn apply(&self, inv_freq: &mut [f32]) -> Result<()> {
+        match self {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old_context = *original_max_position_embeddings as f32;
+                let low_freq_wavelen = old_context / low_freq_factor;
+                let high_freq_wavelen = old_context / high_freq_factor;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    if wavelen > low_freq_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_freq_wavelen {
+                        let smooth = (old_context / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+            RopeScaling::FreqFactors(factors) => {
+                if factors.len() != inv_freq.len() {
+                    return Err(ModelError::Invalid(format!(
+                        "rope_freqs has {} factors for {} rotary frequencies",
+                        factors.len(),
+                        inv_freq.len()
+                    )));
+                }
+                inv_freq.iter_mut().zip(factors).for_each(|(f, s)| *f /= s);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl ModelConfig {
@@ -101,6 +173,30 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.hidden_size == 0 || self.context_length == 0 {
             return bad(format!("{self:?}"));
         }
+        let finite_positive = |x: f32| x.is_finite() && x > 0.0;
+        let scaling_ok = match &self.rope_scaling {
+            RopeScaling::None => true,
+            RopeScaling::Linear { factor } => finite_positive(*factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                finite_positive(*factor)
+                    && finite_positive(*low_freq_factor)
+                    && high_freq_factor > low_freq_factor
+                    && high_freq_factor.is_finite()
+                    && *original_max_position_embeddings > 0
+            }
+            RopeScaling::FreqFactors(f) => f.iter().all(|&x| finite_positive(x)),
+        };
+        if !scaling_ok || !finite_positive(self.rope_theta) {
+            return bad(format!(
+                "rope theta {} with scaling {:?}",
+                self.rope_theta, self.rope_scaling
+            ));
+        }
         Ok(())
     }
 
@@ -112,9 +208,14 @@ impl ModelConfig {
         let key = |k: &str| format!("{arch_name}.{k}");
         let num_heads = md_usize(md, &key("attention.head_count"))?;
         let hidden_size = md_usize(md, &key("embedding_length"))?;
-        let head_dim = match md.get(&key("rope.dimension_count")) {
-            Some(v) => value_usize(v, &key("rope.dimension_count"))?,
-            None => hidden_size / num_heads.max(1),
+        // Qwen3 declares `key_length` (128) apart from hidden / heads (64 for the 0.6B).
+        let head_dim = match (
+            md.get(&key("attention.key_length")),
+            md.get(&key("rope.dimension_count")),
+        ) {
+            (Some(v), _) => value_usize(v, &key("attention.key_length"))?,
+            (None, Some(v)) => value_usize(v, &key("rope.dimension_count"))?,
+            (None, None) => hidden_size / num_heads.max(1),
         };
         let config = ModelConfig {
             arch,
@@ -135,6 +236,7 @@ impl ModelConfig {
                 None => spec.default_rope_theta,
             },
             rope_style: spec.gguf_rope,
+            rope_scaling: gguf_rope_scaling(md, arch_name)?,
             rms_norm_eps: md
                 .get(&key("attention.layer_norm_rms_epsilon"))
                 .ok_or_else(|| {
@@ -145,56 +247,36 @@ impl ModelConfig {
                 as f64,
             context_length: md_usize(md, &key("context_length"))?,
             qkv_bias: spec.qkv_bias,
+            qk_norm: spec.qk_norm,
             tie_embeddings: tie,
         };
         config.validate()?;
         Ok(config)
     }
+}
 
-    /// Read the config from a HF `config.json`.
-    pub fn from_hf_json(json: &serde_json::Value) -> Result<Self> {
-        let model_type = json
-            .get("model_type")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| ModelError::MissingMetadata("model_type".into()))?;
-        let arch = Architecture::parse(model_type)?;
-        let spec = arch.spec();
-        let get = |k: &str| -> Result<usize> {
-            json.get(k)
-                .and_then(|v| v.as_u64())
-                .map(|v| v as usize)
-                .ok_or_else(|| ModelError::MissingMetadata(k.to_string()))
-        };
-        let num_heads = get("num_attention_heads")?;
-        let hidden_size = get("hidden_size")?;
-        let config = ModelConfig {
-            arch,
-            vocab_size: get("vocab_size")?,
-            hidden_size,
-            intermediate_size: get("intermediate_size")?,
-            num_layers: get("num_hidden_layers")?,
-            num_heads,
-            num_kv_heads: get("num_key_value_heads").unwrap_or(num_heads),
-            head_dim: get("head_dim").unwrap_or(hidden_size / num_heads.max(1)),
-            rope_theta: json
-                .get("rope_theta")
-                .and_then(|v| v.as_f64())
-                .map(|v| v as f32)
-                .unwrap_or(spec.default_rope_theta),
-            rope_style: spec.hf_rope,
-            rms_norm_eps: json
-                .get("rms_norm_eps")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(1e-6),
-            context_length: get("max_position_embeddings")?,
-            qkv_bias: spec.qkv_bias,
-            tie_embeddings: json
-                .get("tie_word_embeddings")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(false),
-        };
-        config.validate()?;
-        Ok(config)
+/// A GGUF file's declared rope scaling: none, or linear. Llama 3's scaling is not declared here but
+/// stored as the `rope_freqs.weight` tensor, which the loader reads (`RopeScaling::FreqFactors`).
+fn gguf_rope_scaling(md: &HashMap<String, Value>, arch_name: &str) -> Result<RopeScaling> {
+    let type_key = format!("{arch_name}.rope.scaling.type");
+    let kind = match md.get(&type_key) {
+        None => return Ok(RopeScaling::None),
+        Some(v) => v.to_string().map_err(|e| bad_value(&type_key, e))?.as_str(),
+    };
+    match kind {
+        "none" => Ok(RopeScaling::None),
+        "linear" => {
+            let factor_key = format!("{arch_name}.rope.scaling.factor");
+            let factor = md
+                .get(&factor_key)
+                .ok_or_else(|| ModelError::MissingMetadata(factor_key.clone()))?
+                .to_f32()
+                .map_err(|e| bad_value(&factor_key, e))?;
+            Ok(RopeScaling::Linear { factor })
+        }
+        other => Err(ModelError::Unsupported(format!(
+            "{type_key} = {other:?} (supported: none, linear, and Llama 3's rope_freqs tensor)"
+        ))),
     }
 }
 

@@ -18,8 +18,12 @@ pub enum ModelError {
         path: std::path::PathBuf,
         message: String,
     },
-    #[error("unsupported architecture {0:?} (supported: qwen2, llama)")]
+    #[error("unsupported architecture {0:?} (supported: qwen2, qwen3, llama)")]
     UnsupportedArchitecture(String),
+    /// A config key whose value would change the model's math in a way triage does not
+    /// implement: refused rather than ignored.
+    #[error("unsupported model configuration: {0}")]
+    Unsupported(String),
     #[error("missing metadata key {0:?}")]
     MissingMetadata(String),
     #[error("tokenizer: {0}")]

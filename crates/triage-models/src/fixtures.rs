@@ -64,8 +64,13 @@ impl TinySpec {
         })
     }
 
-    fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_heads
+    /// `hidden / heads`, except Qwen3's, which is twice that (as in Qwen3-0.6B: 128 against
+    /// 1024 / 16), so that the tests see Q and K wider than the hidden state.
+    pub fn head_dim(&self) -> usize {
+        match self.arch {
+            Architecture::Qwen3 => 2 * self.hidden_size / self.num_heads,
+            _ => self.hidden_size / self.num_heads,
+        }
     }
 
     /// Qwen fixtures tie the LM head to the embedding, Llama fixtures do not.
@@ -112,7 +117,7 @@ pub fn tiny_tokenizer_metadata(arch: Architecture) -> Vec<(String, Value)> {
         .collect();
     let merges = ["h e", "\u{120} t"];
     let pre = match arch {
-        Architecture::Qwen2 => "qwen2",
+        Architecture::Qwen2 | Architecture::Qwen3 => "qwen2",
         Architecture::Llama => "smollm",
     };
     vec![
@@ -185,6 +190,10 @@ fn model_metadata(spec: &TinySpec) -> Vec<(String, Value)> {
             Value::F32(1e-6),
         ),
         (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
+        (
+            format!("{a}.attention.key_length"),
+            Value::U32(spec.head_dim() as u32),
+        ),
     ];
     md.extend(tiny_tokenizer_metadata(spec.arch));
     md
@@ -237,6 +246,10 @@ pub fn tiny_weights(spec: &TinySpec) -> Result<Vec<(String, Tensor)>> {
                 format!("{p}.attn_v.bias"),
                 randn(&[spec.num_kv_heads * d], 0.1)?,
             ));
+        }
+        if spec.arch == Architecture::Qwen3 {
+            w.push((format!("{p}.attn_q_norm.weight"), norm(d)?));
+            w.push((format!("{p}.attn_k_norm.weight"), norm(d)?));
         }
         w.push((
             format!("{p}.attn_output.weight"),
@@ -315,18 +328,44 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec, matrix_dtype: GgmlDType) ->
 /// Write the tiny model as a HF folder: `config.json`, `model.safetensors` (in `dtype`) and
 /// `tokenizer.json` (built from the same vocabulary).
 pub fn write_tiny_safetensors(dir: &Path, spec: &TinySpec, dtype: DType) -> Result<()> {
+    write_sharded_safetensors(dir, spec, dtype, 1)
+}
+
+/// [`write_tiny_safetensors`] in `num_shards` files named as transformers' `save_pretrained`
+/// names them (`model-00001-of-00003.safetensors`, …) with `model.safetensors.index.json`, the
+/// tensors dealt to the shards in turn; one shard is a plain `model.safetensors`.
+pub fn write_sharded_safetensors(
+    dir: &Path,
+    spec: &TinySpec,
+    dtype: DType,
+    num_shards: usize,
+) -> Result<()> {
     let io = |source| ModelError::Io {
         path: dir.to_path_buf(),
         source,
     };
     std::fs::create_dir_all(dir).map_err(io)?;
-    let mut tensors = HashMap::new();
-    for (name, t) in tiny_weights(spec)? {
+    let num_shards = num_shards.max(1);
+    let mut shards: Vec<HashMap<String, Tensor>> = vec![HashMap::new(); num_shards];
+    for (i, (name, t)) in tiny_weights(spec)?.into_iter().enumerate() {
         let hf = crate::weights::hf_name(&name)
             .ok_or_else(|| ModelError::Invalid(format!("no HF name for {name}")))?;
-        tensors.insert(hf, t.to_dtype(dtype)?);
+        shards[i % num_shards].insert(hf, t.to_dtype(dtype)?);
     }
-    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))?;
+    if num_shards == 1 {
+        candle_core::safetensors::save(&shards[0], dir.join("model.safetensors"))?;
+    } else {
+        let mut weight_map = serde_json::Map::new();
+        for (i, shard) in shards.into_iter().enumerate() {
+            let file = format!("model-{:05}-of-{num_shards:05}.safetensors", i + 1);
+            for name in shard.keys() {
+                weight_map.insert(name.clone(), serde_json::Value::String(file.clone()));
+            }
+            candle_core::safetensors::save(&shard, dir.join(&file))?;
+        }
+        let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).map_err(io)?;
+    }
     let config = serde_json::json!({
         "model_type": spec.arch.name(),
         "vocab_size": spec.vocab_size,
@@ -335,6 +374,7 @@ pub fn write_tiny_safetensors(dir: &Path, spec: &TinySpec, dtype: DType) -> Resu
         "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim(),
         "max_position_embeddings": spec.context_length,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,

@@ -7,7 +7,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
 use triage_ops::{kquant_matmul, q8_matmul, KQuantMatrix, Q8Matrix};
 
-use crate::config::RopeStyle;
+use crate::config::{RopeScaling, RopeStyle};
 use crate::fused_linear::FusedLinear;
 use crate::weights::{PackedMatrix, Weight};
 use crate::Result;
@@ -315,12 +315,14 @@ impl RotaryEmbedding {
         max_positions: usize,
         theta: f32,
         style: RopeStyle,
+        scaling: &RopeScaling,
         device: &Device,
     ) -> Result<Self> {
         let half = head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
+        let mut inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32))
             .collect();
+        scaling.apply(&mut inv_freq)?;
         let inv_freq = Tensor::from_vec(inv_freq, (1, half), device)?;
         let positions = Tensor::arange(0u32, max_positions as u32, device)?
             .to_dtype(DType::F32)?

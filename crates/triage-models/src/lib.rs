@@ -25,11 +25,15 @@ pub mod bert_fixtures;
 mod attention;
 mod device;
 mod error;
+mod expected_shapes;
 mod fused_linear;
 mod gguf_info;
+mod hf_config;
 mod layers;
 mod llama;
 mod qwen2;
+mod qwen3;
+mod safetensors_dir;
 mod weights;
 
 pub use device::{parse_kv_dtype, DeviceSpec};

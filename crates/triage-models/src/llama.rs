@@ -7,6 +7,7 @@ use crate::config::{ArchSpec, Architecture, RopeStyle};
 pub static SPEC: ArchSpec = ArchSpec {
     arch: Architecture::Llama,
     qkv_bias: false,
+    qk_norm: false,
     gguf_rope: RopeStyle::Interleaved,
     hf_rope: RopeStyle::Neox,
     default_rope_theta: 10_000.0,

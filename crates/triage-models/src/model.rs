@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RopeScaling};
 use crate::transformer::{LoadOptions, Transformer};
 use crate::weights::WeightSource;
 use crate::{ModelError, Result};
@@ -58,7 +58,7 @@ fn open(path: &Path) -> Result<(WeightSource, ModelConfig, ModelFormat)> {
         }
         return Ok((source, config, ModelFormat::Safetensors));
     }
-    let source = WeightSource::open_gguf(path)?;
+    let mut source = WeightSource::open_gguf(path)?;
     let vocab_size = source
         .dims("token_embd.weight")
         .and_then(|d| d.first().copied())
@@ -70,8 +70,40 @@ fn open(path: &Path) -> Result<(WeightSource, ModelConfig, ModelFormat)> {
     let md = source
         .gguf_metadata()
         .ok_or_else(|| ModelError::Invalid("gguf without metadata".into()))?;
-    let config = ModelConfig::from_gguf(md, vocab_size, tie)?;
+    let mut config = ModelConfig::from_gguf(md, vocab_size, tie)?;
+    if let Some(factors) = gguf_rope_freqs(&mut source, &config)? {
+        config.rope_scaling = factors;
+        config.validate()?;
+    }
     Ok((source, config, ModelFormat::Gguf))
+}
+
+/// Llama 3's rope scaling as llama.cpp stores it: a `rope_freqs.weight` tensor of one factor
+/// per rotary frequency. A file that also declares a scaling type would scale twice: refused.
+fn gguf_rope_freqs(source: &mut WeightSource, config: &ModelConfig) -> Result<Option<RopeScaling>> {
+    const NAME: &str = "rope_freqs.weight";
+    if !source.contains(NAME) {
+        return Ok(None);
+    }
+    if config.rope_scaling != RopeScaling::None {
+        return Err(ModelError::Unsupported(format!(
+            "{NAME} beside a declared rope scaling ({:?})",
+            config.rope_scaling
+        )));
+    }
+    let factors = source
+        .get(NAME, &candle_core::Device::Cpu)?
+        .to_dense_f32(&candle_core::Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    if factors.len() != config.head_dim / 2 {
+        return Err(ModelError::Invalid(format!(
+            "{NAME} has {} factors for a head of {} dimensions",
+            factors.len(),
+            config.head_dim
+        )));
+    }
+    Ok(Some(RopeScaling::FreqFactors(factors)))
 }
 
 /// A model ready to run: transformer, tokenizer, chat template and where it came from.

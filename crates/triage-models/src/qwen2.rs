@@ -7,6 +7,7 @@ use crate::config::{ArchSpec, Architecture, RopeStyle};
 pub static SPEC: ArchSpec = ArchSpec {
     arch: Architecture::Qwen2,
     qkv_bias: true,
+    qk_norm: false,
     gguf_rope: RopeStyle::Neox,
     hf_rope: RopeStyle::Neox,
     default_rope_theta: 1_000_000.0,

@@ -23,8 +23,40 @@ struct DecoderLayer {
     /// Q, K and V projections, in that order.
     qkv: FusedLinear,
     o: Linear,
+    /// Qwen3's per-head norms of Q and K (`head_dim` wide), applied before rope.
+    qk_norm: Option<QkNorm>,
     ffn_norm: RmsNorm,
     mlp: Mlp,
+}
+
+/// The RMS norms of each Q head and each K head (Qwen3).
+#[derive(Debug, Clone)]
+struct QkNorm {
+    q: RmsNorm,
+    k: RmsNorm,
+}
+
+impl QkNorm {
+    /// The norms applied to a stacked projection (`[n, (heads + 2 kv_heads) · head_dim]`, in
+    /// the activations' dtype): Q and K normalised head by head in f32, V as it was.
+    fn stacked(&self, qkv: &Tensor, c: &ModelConfig) -> Result<Tensor> {
+        let (n, d, dtype) = (qkv.dim(0)?, c.head_dim, qkv.dtype());
+        let part = |start: usize, heads: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+            let x = qkv.narrow(1, start * d, heads * d)?;
+            let Some(norm) = norm else {
+                return Ok(x);
+            };
+            let rows = x
+                .contiguous()?
+                .reshape((n * heads, d))?
+                .to_dtype(DType::F32)?;
+            Ok(norm.forward_to(&rows, dtype)?.reshape((n, heads * d))?)
+        };
+        let q = part(0, c.num_heads, Some(&self.q))?;
+        let k = part(c.num_heads, c.num_kv_heads, Some(&self.k))?;
+        let v = part(c.num_heads + c.num_kv_heads, c.num_kv_heads, None)?;
+        Ok(Tensor::cat(&[q, k, v], 1)?)
+    }
 }
 
 /// The dtype every layer's stacked QKV and gate/up share, when both are stacked dense bf16 or
@@ -173,10 +205,19 @@ impl PartReader<'_> {
             format!("{p}.attn_k"),
             format!("{p}.attn_v"),
         ];
+        crate::expected_shapes::check_layer(w, config, i)?;
+        let qk_norm = match config.qk_norm {
+            true => Some(QkNorm {
+                q: self.norm(w, &format!("{p}.attn_q_norm.weight"), config)?,
+                k: self.norm(w, &format!("{p}.attn_k_norm.weight"), config)?,
+            }),
+            false => None,
+        };
         Ok(DecoderLayer {
             attn_norm: self.norm(w, &format!("{p}.attn_norm.weight"), config)?,
             qkv: self.fused(w, &qkv, config.qkv_bias)?,
             o: self.linear(w, &format!("{p}.attn_output"), false)?,
+            qk_norm,
             ffn_norm: self.norm(w, &format!("{p}.ffn_norm.weight"), config)?,
             mlp: Mlp {
                 gate_up: self.fused(w, &[format!("{p}.ffn_gate"), format!("{p}.ffn_up")], false)?,
@@ -192,6 +233,7 @@ impl PartReader<'_> {
         config: &ModelConfig,
     ) -> Result<(Embedding, Linear, RmsNorm)> {
         let dev = self.dev();
+        crate::expected_shapes::check_ends(w, config)?;
         let embed = Embedding::new(
             w.get_matrix("token_embd.weight", dev)?,
             self.opts.dense_dtype,
@@ -228,6 +270,7 @@ impl Transformer {
             positions,
             config.rope_theta,
             config.rope_style,
+            &config.rope_scaling,
             dev,
         )?;
         Self::check_shapes(&config, &embed, &layers)?;
@@ -491,6 +534,12 @@ impl Transformer {
             .qkv
             .stacked_product(h)?
             .ok_or_else(|| ModelError::Invalid("a fused layer without a stacked QKV".into()))?;
+        // Qwen3 has no Q/K/V bias, so normalising before the backend adds the (absent) bias is
+        // the order transformers applies them in.
+        let qkv = match &layer.qk_norm {
+            Some(norm) => norm.stacked(&qkv, c)?,
+            None => qkv,
+        };
         let shape = QkvShape {
             num_heads: c.num_heads,
             kv_heads: c.num_kv_heads,
@@ -532,9 +581,13 @@ impl Transformer {
             .forward(h)?
             .try_into()
             .map_err(|_| ModelError::Invalid("the attention's qkv has three parts".into()))?;
-        let q = heads(q, c.num_heads)?;
-        let k = heads(k, c.num_kv_heads)?;
+        let mut q = heads(q, c.num_heads)?;
+        let mut k = heads(k, c.num_kv_heads)?;
         let v = heads(v, c.num_kv_heads)?;
+        if let Some(norm) = &layer.qk_norm {
+            q = norm.q.forward(&q)?;
+            k = norm.k.forward(&k)?;
+        }
         let q = rope.apply(&q)?.squeeze(0)?;
         let k = rope.apply(&k)?.squeeze(0)?;
         attn.attend(layer_idx, &q, &k, &v.squeeze(0)?)

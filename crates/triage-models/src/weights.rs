@@ -1,4 +1,5 @@
-//! Where a model's tensors come from: a GGUF file (quantized) or a HF safetensors folder (dense).
+//! Where a model's tensors come from: a GGUF file (quantized) or a HF safetensors folder (dense,
+//! `safetensors_dir`).
 //! Tensors are asked for by their GGUF names; safetensors names are mapped from those.
 
 use std::collections::HashMap;
@@ -143,18 +144,16 @@ pub enum WeightSource {
         /// Tensors asked for together whose bytes are not adjacent in the file, concatenated.
         buffer: Vec<u8>,
     },
-    Safetensors {
-        dir: PathBuf,
-        tensors: HashMap<String, Tensor>,
-    },
+    /// A HF folder, its shards mapped tensor by tensor.
+    Safetensors(crate::safetensors_dir::SafetensorsDir),
 }
 
 impl std::fmt::Debug for WeightSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WeightSource::Gguf { path, .. } => write!(f, "WeightSource::Gguf({})", path.display()),
-            WeightSource::Safetensors { dir, .. } => {
-                write!(f, "WeightSource::Safetensors({})", dir.display())
+            WeightSource::Safetensors(st) => {
+                write!(f, "WeightSource::Safetensors({})", st.dir().display())
             }
         }
     }
@@ -189,41 +188,19 @@ impl WeightSource {
         })
     }
 
-    /// Load every `*.safetensors` file of a HF model folder (read into memory, no mmap).
+    /// Open a HF model folder: its index and shard headers, no tensor data
+    /// (`SafetensorsDir::open`).
     pub fn open_safetensors_dir(dir: &Path) -> Result<Self> {
-        let entries = std::fs::read_dir(dir).map_err(|source| ModelError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            return Err(invalid(dir, "no *.safetensors file in the folder"));
-        }
-        let mut tensors = HashMap::new();
-        for file in files {
-            let bytes = std::fs::read(&file).map_err(|source| ModelError::Io {
-                path: file.clone(),
-                source,
-            })?;
-            let loaded = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
-                .map_err(|e| invalid(&file, e))?;
-            tensors.extend(loaded);
-        }
-        Ok(WeightSource::Safetensors {
-            dir: dir.to_path_buf(),
-            tensors,
-        })
+        Ok(WeightSource::Safetensors(
+            crate::safetensors_dir::SafetensorsDir::open(dir)?,
+        ))
     }
 
     /// GGUF metadata (empty for safetensors).
     pub fn gguf_metadata(&self) -> Option<&HashMap<String, gguf_file::Value>> {
         match self {
             WeightSource::Gguf { metadata, .. } => Some(metadata),
-            WeightSource::Safetensors { .. } => None,
+            WeightSource::Safetensors(_) => None,
         }
     }
 
@@ -231,7 +208,7 @@ impl WeightSource {
     pub fn shared_gguf_metadata(&self) -> Option<Arc<HashMap<String, gguf_file::Value>>> {
         match self {
             WeightSource::Gguf { metadata, .. } => Some(Arc::clone(metadata)),
-            WeightSource::Safetensors { .. } => None,
+            WeightSource::Safetensors(_) => None,
         }
     }
 
@@ -239,9 +216,7 @@ impl WeightSource {
     pub fn contains(&self, gguf_name: &str) -> bool {
         match self {
             WeightSource::Gguf { content, .. } => content.tensor_infos.contains_key(gguf_name),
-            WeightSource::Safetensors { tensors, .. } => {
-                hf_name(gguf_name).is_some_and(|n| tensors.contains_key(&n))
-            }
+            WeightSource::Safetensors(st) => hf_name(gguf_name).is_some_and(|n| st.contains(&n)),
         }
     }
 
@@ -252,9 +227,7 @@ impl WeightSource {
                 .tensor_infos
                 .get(gguf_name)
                 .map(|i| i.shape.dims().to_vec()),
-            WeightSource::Safetensors { tensors, .. } => {
-                tensors.get(&hf_name(gguf_name)?).map(|t| t.dims().to_vec())
-            }
+            WeightSource::Safetensors(st) => st.dims(&hf_name(gguf_name)?),
         }
     }
 
@@ -267,15 +240,14 @@ impl WeightSource {
                     .map_err(|e| invalid(&path, format!("tensor {gguf_name}: {e}")))?;
                 Ok(Weight::Quantized(Arc::new(q)))
             }
-            WeightSource::Safetensors { dir, tensors } => {
-                let name = hf_name(gguf_name)
-                    .ok_or_else(|| invalid(dir, format!("no HF name for tensor {gguf_name}")))?;
-                let t = tensors
-                    .get(&name)
-                    .ok_or_else(|| invalid(dir, format!("missing tensor {name}")))?;
-                // Stays on the host in its stored dtype: the layer converts it to its own dtype
-                // first and then uploads it (`Weight::to_dense`).
-                Ok(Weight::Dense(t.clone()))
+            WeightSource::Safetensors(st) => {
+                let name = hf_name(gguf_name).ok_or_else(|| {
+                    invalid(st.dir(), format!("no HF name for tensor {gguf_name}"))
+                })?;
+                // On the host in its stored dtype: the layer converts it to its own dtype first
+                // and then uploads it (`Weight::to_dense`), so a bf16 weight reaches a GPU with
+                // no f32 pass, and the host holds one tensor at a time.
+                Ok(Weight::Dense(st.read(&name)?))
             }
         }
     }
@@ -457,7 +429,18 @@ impl WeightSource {
     fn path(&self) -> &Path {
         match self {
             WeightSource::Gguf { path, .. } => path,
-            WeightSource::Safetensors { dir, .. } => dir,
+            WeightSource::Safetensors(st) => st.dir(),
+        }
+    }
+
+    /// A tensor named for an error: its file name and, for a sharded folder, its shard.
+    pub fn describe(&self, gguf_name: &str) -> String {
+        match self {
+            WeightSource::Gguf { path, .. } => format!("{gguf_name} (in {})", path.display()),
+            WeightSource::Safetensors(st) => match hf_name(gguf_name) {
+                Some(name) => st.describe(&name),
+                None => gguf_name.to_string(),
+            },
         }
     }
 }
@@ -468,7 +451,11 @@ impl WeightSource {
 /// Reading the map is undefined behaviour if the file is truncated or modified while it is
 /// mapped; the caller must know that it will not be.
 #[allow(unsafe_code)]
-unsafe fn map_read_only(file: &File, offset: usize, len: usize) -> std::io::Result<memmap2::Mmap> {
+pub(crate) unsafe fn map_read_only(
+    file: &File,
+    offset: usize,
+    len: usize,
+) -> std::io::Result<memmap2::Mmap> {
     // SAFETY: passed on to the caller (above).
     unsafe {
         memmap2::MmapOptions::new()
@@ -498,6 +485,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
         "attn_norm" => "input_layernorm",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",

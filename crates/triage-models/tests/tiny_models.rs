@@ -11,7 +11,11 @@ use triage_models::paged_kv_cache::PagedSequence;
 use triage_models::transformer::{LoadOptions, Transformer};
 use triage_testkit::max_abs_diff;
 
-const ARCHS: [Architecture; 2] = [Architecture::Qwen2, Architecture::Llama];
+const ARCHS: [Architecture; 3] = [
+    Architecture::Qwen2,
+    Architecture::Qwen3,
+    Architecture::Llama,
+];
 
 fn max_abs(a: &Tensor) -> f32 {
     a.abs()
@@ -160,9 +164,15 @@ fn dense_prefill_copy_matches_quantized_path() {
 /// differs.
 #[test]
 fn bf16_dense_layout_tracks_f32() {
+    for arch in ARCHS {
+        bf16_dense_layout_tracks_f32_for(arch);
+    }
+}
+
+fn bf16_dense_layout_tracks_f32_for(arch: Architecture) {
     let dir = tempfile::tempdir().unwrap();
     let hf = dir.path().join("hf");
-    write_tiny_safetensors(&hf, &TinySpec::new(Architecture::Qwen2), DType::BF16).unwrap();
+    write_tiny_safetensors(&hf, &TinySpec::new(arch), DType::BF16).unwrap();
     let f32_layout = load_weights(&hf, &LoadOptions::default())
         .unwrap()
         .transformer;
@@ -180,7 +190,7 @@ fn bf16_dense_layout_tracks_f32() {
     // of this random network that stays within a few per cent of the logit scale.
     assert!(
         diff < 0.05 * scale,
-        "max abs diff {diff} at logit scale {scale}"
+        "{arch:?}: max abs diff {diff} at logit scale {scale}"
     );
     assert!(diff > 0.0, "the bf16 layout ran in f32");
     assert_argmax_mostly_agrees(&a, &b);
@@ -205,7 +215,7 @@ fn bf16_dense_layout_tracks_f32() {
     let step_diff = max_abs_diff(&stepped, &b);
     assert!(
         step_diff < 0.02 * scale,
-        "stepped vs full: {step_diff} at scale {scale}"
+        "{arch:?}: stepped vs full: {step_diff} at scale {scale}"
     );
     assert_argmax_mostly_agrees(&stepped, &b);
 }
