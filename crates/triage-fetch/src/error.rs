@@ -21,7 +21,10 @@ pub enum FetchError {
     /// pip could not run or failed.
     #[error("{0}")]
     Pip(String),
-    /// A file does not have the size or hash the catalog says.
+    /// The Hugging Face Hub could not be reached, or answered what a Hub would not.
+    #[error("{0}")]
+    Hub(String),
+    /// A file does not have the size or hash the catalog (or the Hub) says.
     #[error("{0}")]
     Integrity(String),
     #[error("model: {0}")]
