@@ -11,6 +11,9 @@ mod pick;
 mod settings;
 mod verify;
 
+#[cfg(feature = "test-support")]
+pub mod testing;
+
 pub use client::HubFile;
 pub use id::{HubId, DEFAULT_REVISION};
 pub use model::{fetch_hub, resolve_hub, HubModel};
