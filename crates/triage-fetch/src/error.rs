@@ -48,6 +48,25 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// `self` with `what` before its message. Message-only kinds keep their kind and carry no
+    /// source, so an error chain printed with `{:#}` says it once; others nest as `Entry`.
+    pub(crate) fn context(self, what: impl std::fmt::Display) -> Self {
+        let prefixed = |message: String| format!("{what}: {message}");
+        match self {
+            Self::NotFound(m) => Self::NotFound(prefixed(m)),
+            Self::Invalid(m) => Self::Invalid(prefixed(m)),
+            Self::Hub(m) => Self::Hub(prefixed(m)),
+            Self::Integrity(m) => Self::Integrity(prefixed(m)),
+            Self::Pip(m) => Self::Pip(prefixed(m)),
+            other => Self::Entry {
+                what: what.to_string(),
+                source: Box::new(other),
+            },
+        }
+    }
+}
+
 /// `Result` with [`FetchError`].
 pub type Result<T> = std::result::Result<T, FetchError>;
 

@@ -91,12 +91,8 @@ pub fn fetch_from(catalog: &[CatalogEntry], opts: &FetchOptions) -> Result<Vec<F
                     source: Box::new(e),
                 })?
             }
-            Target::Hub(id) => {
-                fetch_from_hub(&id, opts.progress).map_err(|e| FetchError::Entry {
-                    what: format!("fetching {id}"),
-                    source: Box::new(e),
-                })?
-            }
+            Target::Hub(id) => fetch_from_hub(&id, opts.progress)
+                .map_err(|e| e.context(format_args!("fetching {id}")))?,
         };
         outcome.elapsed = start.elapsed();
         outcomes.push(outcome);

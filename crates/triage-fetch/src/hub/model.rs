@@ -64,12 +64,11 @@ pub fn resolve_hub(id: &HubId, settings: &HubSettings, progress: bool) -> Result
     match cached(id, settings) {
         Ok(model) => Ok(model),
         Err(why) if settings.offline => Err(offline_error(id, &why)),
-        Err(why) => fetch_hub(id, settings, progress).map_err(|e| FetchError::Entry {
-            what: format!(
+        Err(why) => fetch_hub(id, settings, progress).map_err(|e| {
+            e.context(format_args!(
                 "{id} is not in the Hugging Face cache ({why}); fetching it from {}",
                 settings.endpoint
-            ),
-            source: Box::new(e),
+            ))
         }),
     }
 }
