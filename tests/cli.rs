@@ -1,12 +1,14 @@
 //! The `triage` binary end to end on tiny models: `generate --json` output shape, `serve` up and
 //! down on SIGTERM, bad input giving a clear error and a non-zero exit, never a panic, and the int8
-//! kernels (`TRIAGE_Q8_KERNEL`) agreeing token for token.
+//! kernels (`TRIAGE_Q8_KERNEL`) agreeing token for token, and Hub ids fetched from a local Hub.
 
 use std::process::{Command, Output};
 
 use candle_core::quantized::GgmlDType;
+use candle_core::DType;
+use triage_fetch::hub::testing::{FakeRepo, LocalHub};
 use triage_models::config::Architecture;
-use triage_models::fixtures::{write_tiny_gguf, TinySpec, TINY_VOCAB};
+use triage_models::fixtures::{write_tiny_gguf, write_tiny_safetensors, TinySpec, TINY_VOCAB};
 
 fn triage(args: &[&str]) -> Output {
     triage_env(args, &[])
@@ -265,6 +267,102 @@ fn models_in_the_hugging_face_cache_resolve_by_repo_and_file() {
         "hi",
     ];
     assert_clean_failure(&triage_env(&missing, &env), "not in the Hugging Face cache");
+}
+
+/// `triage` with `HF_*` pointing at a local Hub and a temp cache, and no proxy between them.
+fn triage_hub(args: &[&str], hub: &LocalHub, dir: &std::path::Path, offline: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_triage"));
+    cmd.args(args)
+        .env(
+            "TRIAGE_HOME",
+            std::env::temp_dir().join("triage-cli-test-home"),
+        )
+        .env("HF_ENDPOINT", hub.url())
+        .env("HF_HOME", dir.join("hf-home"))
+        .env("HF_HUB_CACHE", dir.join("hub"))
+        .env("HF_HUB_OFFLINE", if offline { "1" } else { "0" })
+        .env_remove("HF_TOKEN");
+    for var in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        cmd.env_remove(var).env_remove(var.to_ascii_lowercase());
+    }
+    cmd.output().expect("run triage")
+}
+
+#[test]
+fn models_fetch_takes_hub_ids_and_generate_runs_them_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::new(Architecture::Qwen2);
+    let st = dir.path().join("st");
+    write_tiny_safetensors(&st, &spec, DType::F32).unwrap();
+    let read = |name: &str| std::fs::read(st.join(name)).unwrap();
+    let st_files: Vec<(&str, Vec<u8>)> = ["config.json", "tokenizer.json", "tokenizer_config.json"]
+        .into_iter()
+        .chain(["model.safetensors"])
+        .map(|name| (name, read(name)))
+        .collect();
+    let gguf = dir.path().join("tiny-Q8_0.gguf");
+    write_tiny_gguf(&gguf, &spec, GgmlDType::Q8_0).unwrap();
+    let hub = LocalHub::start();
+    let refs: Vec<(&str, &[u8])> = st_files.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    hub.add(FakeRepo::new("tiny-org/tiny-st", &refs));
+    let gguf_bytes = std::fs::read(&gguf).unwrap();
+    hub.add(FakeRepo::new(
+        "tiny-org/tiny-GGUF",
+        &[("README.md", b"tiny"), ("tiny-Q8_0.gguf", &gguf_bytes)],
+    ));
+
+    let fetch = [
+        "models",
+        "fetch",
+        "tiny-org/tiny-st",
+        "tiny-org/tiny-GGUF:Q8_0",
+    ];
+    let out = triage_hub(&fetch, &hub, dir.path(), false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("models--tiny-org--tiny-st/snapshots/"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("tiny-Q8_0.gguf") && stdout.contains("Fetched"),
+        "{stdout}"
+    );
+
+    let requests = hub.seen().len();
+    for model in ["tiny-org/tiny-st", "tiny-org/tiny-GGUF:Q8_0"] {
+        let args = [
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "3",
+        ];
+        let args = [&args[..], &["--ignore-eos", "--json"]].concat();
+        let out = triage_hub(&args, &hub, dir.path(), true);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{model}: {stderr}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["completion_tokens"], 3, "{model}");
+    }
+    let missing = [
+        "generate",
+        "--model",
+        "tiny-org/other:Q8_0",
+        "--prompt",
+        "hi",
+    ];
+    assert_clean_failure(
+        &triage_hub(&missing, &hub, dir.path(), true),
+        "HF_HUB_OFFLINE",
+    );
+    assert_eq!(hub.seen().len(), requests, "offline runs make no request");
 }
 
 #[test]

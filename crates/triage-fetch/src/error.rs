@@ -21,7 +21,10 @@ pub enum FetchError {
     /// pip could not run or failed.
     #[error("{0}")]
     Pip(String),
-    /// A file does not have the size or hash the catalog says.
+    /// The Hugging Face Hub could not be reached, or answered what a Hub would not.
+    #[error("{0}")]
+    Hub(String),
+    /// A file does not have the size or hash the catalog (or the Hub) says.
     #[error("{0}")]
     Integrity(String),
     #[error("model: {0}")]
@@ -43,6 +46,25 @@ pub enum FetchError {
         path: PathBuf,
         source: serde_json::Error,
     },
+}
+
+impl FetchError {
+    /// `self` with `what` before its message. Message-only kinds keep their kind and carry no
+    /// source, so an error chain printed with `{:#}` says it once; others nest as `Entry`.
+    pub(crate) fn context(self, what: impl std::fmt::Display) -> Self {
+        let prefixed = |message: String| format!("{what}: {message}");
+        match self {
+            Self::NotFound(m) => Self::NotFound(prefixed(m)),
+            Self::Invalid(m) => Self::Invalid(prefixed(m)),
+            Self::Hub(m) => Self::Hub(prefixed(m)),
+            Self::Integrity(m) => Self::Integrity(prefixed(m)),
+            Self::Pip(m) => Self::Pip(prefixed(m)),
+            other => Self::Entry {
+                what: what.to_string(),
+                source: Box::new(other),
+            },
+        }
+    }
 }
 
 /// `Result` with [`FetchError`].

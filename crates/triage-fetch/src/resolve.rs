@@ -1,9 +1,10 @@
-//! Turning a model name or path, or a data set's file name, from the user into a file on disk.
+//! Turning a model name, path or Hub id, or a data set's file name, from the user into a file on disk.
 
 use std::path::{Path, PathBuf};
 
 use crate::catalog::{self, Format};
 use crate::error::{FetchError, Result};
+use crate::hub::{resolve_hub, HubId, HubSettings};
 
 /// Where `models fetch --data` puts the evaluation file `file`; an error naming the fetch
 /// command when it is missing.
@@ -18,9 +19,16 @@ pub fn data_file(file: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The path of `name_or_path`: a default model's name (it must have been fetched), or a local
-/// GGUF file or safetensors folder.
+/// The path of `name_or_path`: a default model's name (it must have been fetched), a local GGUF
+/// file or safetensors folder, or a Hugging Face id (`org/repo`, `org/repo:QUANT`,
+/// `org/repo/file`), taken from the hub cache or downloaded into it on first use, with the
+/// `HF_*` settings of this process's environment.
 pub fn resolve_model(name_or_path: &str) -> Result<(String, PathBuf)> {
+    resolve_model_with(name_or_path, &HubSettings::from_env())
+}
+
+/// [`resolve_model`] with explicit Hub settings.
+pub fn resolve_model_with(name_or_path: &str, hub: &HubSettings) -> Result<(String, PathBuf)> {
     if let Some(entry) = catalog::find(name_or_path) {
         let dir = triage_models::paths::model_dir(entry.name);
         let path = match entry.format {
@@ -48,58 +56,16 @@ pub fn resolve_model(name_or_path: &str) -> Result<(String, PathBuf)> {
             .unwrap_or_else(|| name_or_path.to_string());
         return Ok((name, path.to_path_buf()));
     }
-    if let Some(path) = hf_cached(name_or_path)? {
-        let name = name_or_path.replace('/', "--");
-        return Ok((name, path));
+    if let Some(id) = HubId::parse(name_or_path) {
+        // Bars only where stderr is a terminal (the bar checks).
+        let model = resolve_hub(&id, hub, true)?;
+        return Ok((name_or_path.replace('/', "--"), model.path));
     }
     Err(FetchError::NotFound(format!(
         "no model {name_or_path:?}: not a file or folder, not one of the default models ({}), and \
-         not a Hugging Face `org/repo[/file]` in the local hub cache",
+         not a Hugging Face id (`org/repo`, `org/repo:QUANT`, `org/repo/file.gguf`)",
         catalog::names().join(", ")
     )))
-}
-
-/// The hub cache folder: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
-fn hf_hub_cache() -> PathBuf {
-    if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
-        return PathBuf::from(dir);
-    }
-    if let Some(home) = std::env::var_os("HF_HOME") {
-        return PathBuf::from(home).join("hub");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    home.join(".cache").join("huggingface").join("hub")
-}
-
-/// `org/repo` (a safetensors snapshot folder) or `org/repo/path/in/repo` (one file) from the
-/// Hugging Face hub cache, at the revision `refs/main` names. Downloading is not done here: this
-/// machine class reaches no hub, so a repo must already be in the cache (`huggingface-cli download`).
-fn hf_cached(spec: &str) -> Result<Option<PathBuf>> {
-    let mut parts = spec.splitn(3, '/');
-    let (Some(org), Some(repo)) = (parts.next(), parts.next()) else {
-        return Ok(None);
-    };
-    if org.is_empty() || repo.is_empty() || org.starts_with('.') {
-        return Ok(None);
-    }
-    let repo_dir = hf_hub_cache().join(format!("models--{org}--{repo}"));
-    let Ok(revision) = std::fs::read_to_string(repo_dir.join("refs").join("main")) else {
-        return Ok(None);
-    };
-    let snapshot = repo_dir.join("snapshots").join(revision.trim());
-    let path = match parts.next() {
-        Some(file) => snapshot.join(file),
-        None => snapshot,
-    };
-    if !path.exists() {
-        return Err(FetchError::NotFound(format!(
-            "{spec:?} is not in the Hugging Face cache (looked for {})",
-            path.display()
-        )));
-    }
-    Ok(Some(path))
 }
 
 /// The folder of the sentence embedder `name_or_path` (a fetched default's name or a folder) and
