@@ -342,3 +342,37 @@ fn a_loopback_server_answers_only_to_loopback_names() {
     s.allowed_hosts.clear();
     assert!(s.allows_host("anything:1"));
 }
+
+/// The README's set of Hub models for one GPU node: short served names over Hub ids, one per
+/// role, each on the GPU.
+#[test]
+fn the_readme_hub_models_config_parses() {
+    let readme = include_str!("../../../../README.md");
+    let section = &readme[readme
+        .find("### A set for one GPU node")
+        .expect("the README's GPU-node section")..];
+    let start = section.find("```toml\n").expect("its toml block") + 8;
+    let end = start + section[start..].find("```").expect("closed block");
+    let config = TriageConfig::from_toml_str(&section[start..end]).unwrap();
+    assert!(config.deprecated.is_empty(), "{:?}", config.deprecated);
+    let entries: Vec<(&str, Option<&str>, DeviceSpec)> = config
+        .models
+        .iter()
+        .map(|m| (m.name.as_str(), m.path.as_deref(), m.device))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("qwen3-0.6b", Some("Qwen/Qwen3-0.6B"), DeviceSpec::Cuda(0)),
+            ("qwen3-8b", Some("Qwen/Qwen3-8B"), DeviceSpec::Cuda(0)),
+            (
+                "llama-3.1-8b",
+                Some("meta-llama/Llama-3.1-8B-Instruct"),
+                DeviceSpec::Cuda(0)
+            ),
+        ]
+    );
+    assert_eq!(name_of(&config, ModelRole::Router), "qwen3-0.6b");
+    assert_eq!(name_of(&config, ModelRole::Base), "qwen3-8b");
+    assert_eq!(name_of(&config, ModelRole::LongContext), "llama-3.1-8b");
+}
