@@ -55,6 +55,8 @@ pub fn ingest(params: &IngestParams) -> Result<IngestReport> {
     for p in paths {
         docs.extend(load_documents(p)?);
     }
+    // The server's default bounds: a corpus ingested here is served as it is.
+    triage_retrieval::DocumentLimits::default().check(&docs)?;
     let embedder = load_embedder(embedder)?;
     let tokenizer = embedder.model.tokenizer().clone();
     Ok(store().ingest(corpus, &docs, delete, &embedder, &tokenizer, *chunker)?)

@@ -172,6 +172,20 @@ pub struct CorpusLimits {
     pub max_documents_per_request: usize,
     /// Bytes of document text in one corpus after a change (413 beyond).
     pub max_corpus_bytes: usize,
+    /// Bytes of a document id (400 beyond): ids go into the long-context prefix.
+    pub max_document_id_bytes: usize,
+    /// Bytes of a document title (400 beyond): titles go into the long-context prefix.
+    pub max_document_title_bytes: usize,
+}
+
+impl CorpusLimits {
+    /// The bounds on one document's id and title.
+    pub fn documents(&self) -> triage_retrieval::DocumentLimits {
+        triage_retrieval::DocumentLimits {
+            max_id_bytes: self.max_document_id_bytes,
+            max_title_bytes: self.max_document_title_bytes,
+        }
+    }
 }
 
 impl Default for CorpusLimits {
@@ -180,6 +194,8 @@ impl Default for CorpusLimits {
             max_corpora: 256,
             max_documents_per_request: 10_000,
             max_corpus_bytes: 256 << 20,
+            max_document_id_bytes: triage_retrieval::DocumentLimits::default().max_id_bytes,
+            max_document_title_bytes: triage_retrieval::DocumentLimits::default().max_title_bytes,
         }
     }
 }

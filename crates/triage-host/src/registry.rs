@@ -596,6 +596,7 @@ impl CorpusRegistry {
                 d.title
             )));
         }
+        self.limits.documents().check(documents)?;
         self.check_bytes(name, old, documents, delete)?;
         let tokenizer = self.embedder.model.tokenizer().clone();
         let report = self.store.ingest(

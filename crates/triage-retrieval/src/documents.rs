@@ -14,6 +14,44 @@ pub const MAX_DOCUMENT_BYTES: usize = 32 * 1024 * 1024;
 
 pub use triage_types::Document;
 
+/// Bounds on a document's id and title. Both go into the long-context prefix whole (a 10 KB id
+/// became 10,000 tokens of prefill there), so they are refused beyond these rather than stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocumentLimits {
+    /// Bytes of a document id (UTF-8).
+    pub max_id_bytes: usize,
+    /// Bytes of a document title (UTF-8).
+    pub max_title_bytes: usize,
+}
+
+impl Default for DocumentLimits {
+    fn default() -> Self {
+        Self {
+            max_id_bytes: 256,
+            max_title_bytes: 1024,
+        }
+    }
+}
+
+impl DocumentLimits {
+    /// Every document's id and title within bounds; the first that is not is an error naming
+    /// the field (`documents[3].id`).
+    pub fn check(&self, docs: &[Document]) -> Result<()> {
+        for (i, d) in docs.iter().enumerate() {
+            let fields = [
+                ("id", d.id.len(), self.max_id_bytes),
+                ("title", d.title.len(), self.max_title_bytes),
+            ];
+            if let Some((field, len, max)) = fields.into_iter().find(|(_, len, max)| len > max) {
+                return Err(RetrievalError::Invalid(format!(
+                    "documents[{i}].{field} is {len} bytes; at most {max}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Deserialize)]
 struct Record {
     id: serde_json::Value,
@@ -219,5 +257,40 @@ mod tests {
             .to_string();
         assert!(e.contains("line 1"), "{e}");
         assert!(load_documents(&root.join("missing.txt")).is_err());
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    fn doc(id: &str, title: &str) -> Document {
+        Document {
+            id: id.into(),
+            title: title.into(),
+            text: "text".into(),
+        }
+    }
+
+    #[test]
+    fn ids_and_titles_past_their_limits_are_named() {
+        let limits = DocumentLimits::default();
+        let ok = [doc(&"i".repeat(256), &"t".repeat(1024))];
+        limits.check(&ok).expect("at the limits");
+        let long_id = [doc("a", ""), doc(&"i".repeat(10 * 1024), "")];
+        let err = limits.check(&long_id).expect_err("a 10 KB id").to_string();
+        assert!(
+            err.contains("documents[1].id") && err.contains("10240"),
+            "{err}"
+        );
+        let long_title = [doc("a", &"é".repeat(513))];
+        let err = limits
+            .check(&long_title)
+            .expect_err("a 1026-byte title")
+            .to_string();
+        assert!(
+            err.contains("documents[0].title") && err.contains("1026"),
+            "{err}"
+        );
     }
 }

@@ -29,7 +29,7 @@ mod rerank;
 pub use backend::{HybridRanking, Ranked, SearchBackend};
 pub use chunker::{Chunk, ChunkKind, ChunkerConfig, TokenOffsets, WordOffsets};
 pub use corpus::{Corpus, CorpusStore, Hit, IngestReport, SearchMode, SearchOptions};
-pub use documents::{load_documents, Document};
+pub use documents::{load_documents, Document, DocumentLimits};
 pub use embedder::{BertEmbedder, Embedder, HashingEmbedder};
 pub use error::{Result, RetrievalError};
 pub use features::{retrieval_features, RetrievalFeatures};

@@ -733,6 +733,24 @@ async fn hostile_requests_get_client_errors_and_the_server_stays_up() {
             .await;
         assert_eq!(status, 200, "after {what}: {answer}");
     }
+    // An id or title past its limit (both go into the long-context prefix whole) is refused by
+    // name before anything is stored.
+    for (doc, field) in [
+        (
+            json!({"id": "i".repeat(10 * 1024), "text": "x"}),
+            "documents[0].id",
+        ),
+        (
+            json!({"id": "t", "title": "t".repeat(1025), "text": "x"}),
+            "documents[0].title",
+        ),
+    ] {
+        let body = json!({ "documents": [doc] });
+        let (status, error) = server.post("/v1/corpora/docs/documents", &body).await;
+        assert_eq!(status, 400, "{error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(field), "{error}");
+    }
     let (status, answer) = server.post("/v1/chat/completions", &normal).await;
     assert_eq!(status, 200, "{answer}");
     let (status, docs) = server.get("/v1/corpora/docs/documents").await;

@@ -5,6 +5,7 @@
 mod bench_route;
 mod calibrate;
 mod eval;
+mod ingest;
 mod train;
 
 use std::path::Path;
