@@ -118,6 +118,7 @@ fn check(config: &str, layers: usize) -> (tempfile::TempDir, PathBuf, f32) {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap();
+    eprintln!("{config}: max abs diff {diff} from transformers at logit scale {scale}");
     assert!(
         diff < TOLERANCE,
         "{config}: max abs diff {diff} from transformers, scale {scale}"
@@ -158,6 +159,7 @@ fn llama_3_1_8b_matches_transformers_with_its_rope_scaling() {
     assert_eq!(unscaled.config().rope_scaling, RopeScaling::None);
     let e = expected(&dir);
     let off = max_abs_diff(&logits(&unscaled, &e), &e.logits);
+    eprintln!("without its rope scaling: max abs diff {off}");
     assert!(
         off > 10.0 * TOLERANCE.max(diff),
         "ignoring rope scaling moved the logits only {off} (scaled: {diff})"
