@@ -87,6 +87,106 @@ fn gguf_f32_and_safetensors_give_the_same_logits() {
     }
 }
 
+/// Logits of `tokens` at positions from `start` (where rope scaling changes the result).
+fn logits_from(model: &Transformer, tokens: &[u32], start: u32) -> Tensor {
+    let positions: Vec<u32> = (start..start + tokens.len() as u32).collect();
+    let rows: Vec<usize> = (0..tokens.len()).collect();
+    let mut cache = sequence(model, DType::F32);
+    model
+        .forward(tokens, &positions, &rows, &mut cache)
+        .unwrap()
+}
+
+/// Llama 3's rope scaling as llama.cpp stores it (a `rope_freqs.weight` tensor of per-frequency
+/// factors in the GGUF file) gives the logits of HF's `rope_scaling` of type `llama3`, and
+/// differs from no scaling at all.
+#[test]
+fn gguf_rope_freqs_equal_hf_llama3_scaling() {
+    use candle_core::quantized::{gguf_file, QTensor};
+    use triage_models::config::RopeScaling;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TinySpec::new(Architecture::Llama);
+    let (plain, gguf, hf) = (
+        dir.path().join("plain.gguf"),
+        dir.path().join("scaled.gguf"),
+        dir.path().join("hf"),
+    );
+    write_tiny_gguf(&plain, &spec, GgmlDType::F32).unwrap();
+    write_tiny_safetensors(&hf, &spec, DType::F32).unwrap();
+    // A scaling that bites at this tiny head (16 dims, θ = 10000, positions ~300).
+    let scaling = serde_json::json!({
+        "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64
+    });
+    let config_path = hf.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["rope_scaling"] = scaling;
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let hf_model = load_weights(&hf, &LoadOptions::default())
+        .unwrap()
+        .transformer;
+    let head_dim = hf_model.config().head_dim;
+    let mut scaled: Vec<f32> = (0..head_dim / 2)
+        .map(|i| 1.0 / 10_000f32.powf(2.0 * i as f32 / head_dim as f32))
+        .collect();
+    let unscaled = scaled.clone();
+    hf_model.config().rope_scaling.apply(&mut scaled).unwrap();
+    let factors: Vec<f32> = unscaled.iter().zip(&scaled).map(|(u, s)| u / s).collect();
+    assert!(
+        factors.iter().any(|&f| f > 1.5),
+        "the scaling changes nothing: {factors:?}"
+    );
+    // The plain GGUF again, with the factors added as llama.cpp's converter adds them.
+    let mut file = std::fs::File::open(&plain).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut tensors: Vec<(String, QTensor)> = content
+        .tensor_infos
+        .keys()
+        .map(|n| {
+            (
+                n.clone(),
+                content
+                    .tensor(&mut file, n, &candle_core::Device::Cpu)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let freqs = Tensor::new(factors.as_slice(), &candle_core::Device::Cpu).unwrap();
+    tensors.push((
+        "rope_freqs.weight".into(),
+        QTensor::quantize(&freqs, GgmlDType::F32).unwrap(),
+    ));
+    let md: Vec<(&str, &gguf_file::Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(&gguf).unwrap();
+    gguf_file::write(&mut out, &md, &ts).unwrap();
+    drop(out);
+    let gguf_model = load_weights(&gguf, &LoadOptions::default())
+        .unwrap()
+        .transformer;
+    assert_eq!(
+        gguf_model.config().rope_scaling,
+        RopeScaling::FreqFactors(factors)
+    );
+    let plain_model = load_weights(&plain, &LoadOptions::default())
+        .unwrap()
+        .transformer;
+    let tokens = prompt(16, 5);
+    let want = logits_from(&hf_model, &tokens, 300);
+    let diff = max_abs_diff(&logits_from(&gguf_model, &tokens, 300), &want);
+    assert!(
+        diff < 1e-3,
+        "rope_freqs against llama3 scaling: max abs diff {diff}"
+    );
+    let off = max_abs_diff(&logits_from(&plain_model, &tokens, 300), &want);
+    assert!(off > 1e-2, "without rope_freqs the logits moved only {off}");
+}
+
 #[test]
 fn incremental_decode_equals_full_forward() {
     // Same arithmetic on both sides (dense f32, or the batch-invariant Q8_0 and Q4_K int8
