@@ -506,29 +506,6 @@ fn assemble(
     Ok(())
 }
 
-fn sha256_file(path: &Path, progress: bool, what: &str) -> Result<String> {
-    let mut file = File::open(path).at(|| format!("opening {}", path.display()))?;
-    let len = file
-        .metadata()
-        .at(|| format!("reading {}", path.display()))?
-        .len();
-    let bar = bytes_bar(progress, len, what.to_string());
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .at(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bar.inc(n as u64);
-    }
-    bar.finish_and_clear();
-    Ok(format!("{:x}", hasher.finalize()))
-}
-
 /// Installs a local GGUF as `models/<file stem>/model.gguf`, as it is. Always runs (a local file
 /// can change under the same name); the stamp records it.
 fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome> {
@@ -541,7 +518,7 @@ fn import_local(src: &Path, home: &Path, progress: bool) -> Result<FetchOutcome>
     let dest_dir = home.join("models").join(&name);
     fs::create_dir_all(&dest_dir).at(|| format!("creating {}", dest_dir.display()))?;
     let work = WorkDir::create(&dest_dir, &name)?;
-    let source_sha256 = sha256_file(src, progress, "hash source")?;
+    let source_sha256 = crate::hash::hash_file(src, false, progress, "hash source".into())?.0;
     let copy = work.path.join("raw.gguf");
     fs::copy(src, &copy).at(|| format!("copying {}", src.display()))?;
     // Only a GGUF file is imported: a clear error here, not at the first load.

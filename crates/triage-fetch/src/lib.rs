@@ -13,6 +13,7 @@ pub mod hub;
 
 mod error;
 mod fetch;
+mod hash;
 mod resolve;
 
 pub use catalog::{

@@ -113,7 +113,33 @@ pub enum RopeScaling {
     FreqFactors(Vec<f32>),
 }
 
+fn finite_positive(x: f32) -> bool {
+    x.is_finite() && x > 0.0
+}
+
 impl RopeScaling {
+    /// Factors that scale no frequency to zero, infinity or NaN, and a llama3 band whose high
+    /// edge lies above its low one (the smoothing divides by their difference).
+    pub fn is_valid(&self) -> bool {
+        match self {
+            RopeScaling::None => true,
+            RopeScaling::Linear { factor } => finite_positive(*factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                finite_positive(*factor)
+                    && finite_positive(*low_freq_factor)
+                    && high_freq_factor > low_freq_factor
+                    && high_freq_factor.is_finite()
+                    && *original_max_position_embeddings > 0
+            }
+            RopeScaling::FreqFactors(f) => f.iter().all(|&x| finite_positive(x)),
+        }
+    }
+
     /// The frequencies `inv_freq` (one per pair of a head's dimensions) rescaled.
     pub fn apply(&self, inv_freq: &mut [f32]) -> Result<()> {
         match self {
@@ -173,25 +199,7 @@ impl ModelConfig {
         if self.vocab_size == 0 || self.hidden_size == 0 || self.context_length == 0 {
             return bad(format!("{self:?}"));
         }
-        let finite_positive = |x: f32| x.is_finite() && x > 0.0;
-        let scaling_ok = match &self.rope_scaling {
-            RopeScaling::None => true,
-            RopeScaling::Linear { factor } => finite_positive(*factor),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                finite_positive(*factor)
-                    && finite_positive(*low_freq_factor)
-                    && high_freq_factor > low_freq_factor
-                    && high_freq_factor.is_finite()
-                    && *original_max_position_embeddings > 0
-            }
-            RopeScaling::FreqFactors(f) => f.iter().all(|&x| finite_positive(x)),
-        };
-        if !scaling_ok || !finite_positive(self.rope_theta) {
+        if !self.rope_scaling.is_valid() || !finite_positive(self.rope_theta) {
             return bad(format!(
                 "rope theta {} with scaling {:?}",
                 self.rope_theta, self.rope_scaling

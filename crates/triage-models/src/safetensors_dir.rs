@@ -143,11 +143,6 @@ impl SafetensorsDir {
         &self.dir
     }
 
-    /// The shard files read, in order.
-    pub fn shard_names(&self) -> Vec<&str> {
-        self.shards.iter().map(|s| s.name.as_str()).collect()
-    }
-
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -1,50 +1,21 @@
 //! Checking a downloaded file against the size and hash the Hub lists: sha256 for LFS files, the
 //! git blob id for plain ones. hf-hub checks neither.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
-
-use sha1::Sha1;
-use sha2::{Digest as _, Sha256};
 
 use super::cache::{file_size, RepoCache};
 use super::listing::{Digest, RepoFile};
 use crate::error::{FetchError, IoContext, Result};
 
-/// The sha256 (and, with `git`, the git blob id) of the file at `path`.
+/// The sha256 (and, with `git`, the git blob id) of the file at `path`, under a "verify" bar.
 pub fn hash_file(path: &Path, git: bool, progress: bool) -> Result<(String, Option<String>)> {
-    let mut file = File::open(path).at(|| format!("opening {}", path.display()))?;
-    let len = file_size(path).unwrap_or(0);
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let bar = crate::fetch::bytes_bar(
+    crate::hash::hash_file(
+        path,
+        git,
         progress,
-        len,
         format!("verify {}", name.unwrap_or_default()),
-    );
-    let mut sha256 = Sha256::new();
-    let mut sha1 = git.then(|| {
-        let mut h = Sha1::new();
-        h.update(format!("blob {len}\0"));
-        h
-    });
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .at(|| format!("reading {}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        sha256.update(&buf[..n]);
-        if let Some(h) = sha1.as_mut() {
-            h.update(&buf[..n]);
-        }
-        bar.inc(n as u64);
-    }
-    bar.finish_and_clear();
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    Ok((hex(&sha256.finalize()), sha1.map(|h| hex(&h.finalize()))))
+    )
 }
 
 /// Checks the file at `pointer` against `file` and returns its sha256. On a mismatch the pointer
