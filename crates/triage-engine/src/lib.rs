@@ -15,6 +15,7 @@ mod error;
 mod generate;
 mod llm_engine;
 mod output_processor;
+mod pin_job;
 mod prefix_remote;
 mod relevance;
 mod sampler;
@@ -32,6 +33,7 @@ pub use llm_engine::{
     EngineConfig, EventSink, KvBudget, LlmEngine, PendingPin, PinStart, PrefixSource, RequestId,
     StreamEvent, Usage,
 };
+pub use pin_job::{PinFailure, PinJob, PinOutcome, PinnedPrefix};
 pub use prefix_remote::PrefixRemote;
 pub use relevance::{relevance_scores, RelevanceJudge};
 pub use sampler::{SamplingParams, MAX_TOP_LOGPROBS};

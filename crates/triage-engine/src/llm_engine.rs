@@ -28,6 +28,7 @@ use decode_graphs::DecodeGraphs;
 
 mod decode_graphs;
 mod kv_budget;
+mod pin_book;
 mod prefixes;
 
 pub use kv_budget::KvBudget;
@@ -147,6 +148,8 @@ pub struct LlmEngine {
     prefix_remote: Option<Arc<dyn PrefixRemote>>,
     /// Captured decode steps, when `EngineConfig::cuda_graphs` is on.
     graphs: Option<DecodeGraphs>,
+    /// Pins begun for a `PinJob`, prefilling or held.
+    pins: pin_book::PinBook,
 }
 
 impl std::fmt::Debug for LlmEngine {
@@ -190,6 +193,7 @@ impl LlmEngine {
             num_preemptions: 0,
             num_abandoned: 0,
             prefix_remote: None,
+            pins: pin_book::PinBook::default(),
         })
     }
 
@@ -320,6 +324,14 @@ impl LlmEngine {
 
     /// Run one step. Returns the number of tokens run (0 when there is nothing to do).
     pub fn step(&mut self) -> Result<usize> {
+        self.cancel_pins();
+        let run = self.step_scheduled();
+        self.publish_pin_progress();
+        run
+    }
+
+    /// The step itself: schedule, one forward pass, sample, retire.
+    fn step_scheduled(&mut self) -> Result<usize> {
         let gone: Vec<RequestId> = self
             .states
             .iter()
@@ -520,7 +532,11 @@ impl LlmEngine {
             completion_tokens: state.output.completion_tokens(),
             cached_tokens,
         };
-        let _ = state.tx.send(StreamEvent::Finished { reason, usage });
+        let _ = state.tx.send(StreamEvent::Finished {
+            reason: reason.clone(),
+            usage,
+        });
+        self.settle_pin(id, &reason);
     }
 }
 

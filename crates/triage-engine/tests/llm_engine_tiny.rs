@@ -1108,3 +1108,56 @@ fn each_request_gets_its_estimator_and_its_escalation_batched_or_alone() {
     assert_eq!(alone.decision, Some(Decision::Escalate { at_step: 1 }));
     assert_eq!(ids(&alone.tokens), ids(&esc));
 }
+
+/// A pin begun for a `PinJob` reports its progress step by step, stops at the first step after
+/// it is cancelled, and a later pin of the same tokens reuses what the cancelled one prefilled;
+/// the held pin is released by its tokens.
+#[test]
+fn a_pin_job_reports_progress_and_stops_when_cancelled() {
+    use triage_engine::{PinFailure, PinJob};
+    let (_dir, model) = tiny();
+    let mut engine = LlmEngine::new(model.clone(), config(256)).unwrap(); // 64-token steps
+    let corpus: Vec<u32> = model
+        .tokenizer
+        .encode(
+            &"the tide comes in and the tide goes out; ".repeat(12),
+            false,
+            false,
+        )
+        .unwrap();
+    let full = corpus.len() / 4 * 4;
+    let first = PinJob::new(corpus.len());
+    engine.begin_pin(&corpus, None, first.clone());
+    assert_eq!(first.progress(), (0, full), "the total is in whole blocks");
+    engine.step().unwrap();
+    engine.step().unwrap();
+    let (done, total) = first.progress();
+    assert!(done >= 64 && done < total, "{done} of {total} after two steps");
+    assert!(first.outcome().is_none());
+    first.cancel();
+    engine.step().unwrap();
+    assert_eq!(first.outcome(), Some(Err(PinFailure::Cancelled)));
+    assert!(!engine.has_pending_pins() && !engine.has_unfinished());
+    assert!(!engine.release_pin(&corpus), "a cancelled pin holds nothing");
+
+    let second = PinJob::new(corpus.len());
+    engine.begin_pin(&corpus, None, second.clone());
+    while second.outcome().is_none() {
+        engine.step().unwrap();
+    }
+    let pinned = second.outcome().unwrap().unwrap();
+    assert_eq!(pinned.num_tokens, full);
+    let PrefixSource::Computed { reused_tokens } = pinned.source else {
+        panic!("{pinned:?}");
+    };
+    assert!(
+        reused_tokens >= 64,
+        "the cancelled prefill's blocks were reused: {reused_tokens}"
+    );
+    assert_eq!(second.progress(), (full, full));
+    let pinned_blocks = engine.scheduler().kv().pool().num_pinned();
+    assert!(pinned_blocks > 0);
+    assert!(engine.release_pin(&corpus));
+    assert_eq!(engine.scheduler().kv().pool().num_pinned(), 0);
+    assert!(!engine.release_pin(&corpus), "released once");
+}

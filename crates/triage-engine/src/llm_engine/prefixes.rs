@@ -37,7 +37,7 @@ impl LlmEngine {
     }
 
     /// The part of `tokens` that fills whole blocks (only full blocks are cached and pinned).
-    fn full_blocks<'t>(&self, tokens: &'t [u32]) -> &'t [u32] {
+    pub(super) fn full_blocks<'t>(&self, tokens: &'t [u32]) -> &'t [u32] {
         let bs = self.scheduler.kv().block_size();
         &tokens[..tokens.len() / bs * bs]
     }
@@ -296,6 +296,11 @@ pub struct PendingPin {
 }
 
 impl PendingPin {
+    /// The request that prefills it.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
     /// Whether its prefill has finished (or was refused).
     pub fn is_done(&self, engine: &LlmEngine) -> bool {
         !engine.states.contains_key(&self.id)
