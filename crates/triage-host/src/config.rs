@@ -159,6 +159,11 @@ pub struct PipelineSettings {
     pub data_dir: Option<PathBuf>,
     /// How many corpora, and how large, clients may make (`[pipeline.limits]`).
     pub limits: CorpusLimits,
+    /// How long a routed question that may take long context waits, in milliseconds, while
+    /// its corpus's prefix is being pinned (after a change, or released); past it, it answers
+    /// by RAG and its decision record says why. A question forced to long context waits for
+    /// the pin to end.
+    pub pin_wait_ms: u64,
 }
 
 /// Bounds on what clients may store, so that no caller can fill the disk or the memory of a
@@ -211,6 +216,7 @@ impl Default for PipelineSettings {
             prefix_store: None,
             data_dir: None,
             limits: CorpusLimits::default(),
+            pin_wait_ms: crate::host::DEFAULT_PIN_WAIT.as_millis() as u64,
         }
     }
 }
@@ -229,6 +235,11 @@ impl PipelineSettings {
             return Ok(None);
         };
         Ok(Some(Arc::new(ObjectPrefixStore::open(url)?)))
+    }
+
+    /// How long a routed question waits for a pin under way.
+    pub fn pin_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.pin_wait_ms)
     }
 
     /// Where corpora are stored: the configured folder, else `$TRIAGE_HOME`.

@@ -1,9 +1,13 @@
 //! `Host`: the routing pipeline, its models and its corpora in one value, whatever runs the
 //! models. `triage::Engine` is a host over engines in the caller's thread; the server's is a
-//! host over its engine threads.
+//! host over its engine threads. Either way one pinner thread of the host pins corpus prefixes
+//! in the background (see `registry/pins.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use triage_retrieval::{BertEmbedder, Corpus, Document};
 use triage_router::{
@@ -13,7 +17,13 @@ use triage_router::{
 
 use crate::config::{needs_router, CorpusLimits};
 use crate::error::{HostError, Result};
-use crate::registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PrefixUse};
+use crate::registry::{
+    CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, LoadedCorpus, PrefixUse,
+};
+
+/// How long a routed question waits, by default, for its corpus's long-context prefix to be
+/// pinned before it answers without it.
+pub const DEFAULT_PIN_WAIT: Duration = Duration::from_millis(1000);
 
 /// How a host reaches its models: it lends the pipeline a [`Generator`] for one call.
 pub trait ModelAccess: Send + Sync {
@@ -35,9 +45,43 @@ pub trait ModelAccess: Send + Sync {
 
 /// The pipeline, the models it reaches through `M`, and the corpora it answers from.
 pub struct Host<M> {
-    models: M,
+    models: Arc<M>,
     pipeline: Pipeline,
-    corpora: CorpusRegistry,
+    corpora: Arc<CorpusRegistry>,
+    /// How long a question that may take long context waits for a pin of its corpus that is
+    /// under way; past it, the question answers without the long-context path (forced long
+    /// context waits for the pin to end).
+    pin_wait: Duration,
+    /// Runs the queued pins; stopped and joined on drop.
+    pinner: Option<JoinHandle<()>>,
+}
+
+impl<M> Drop for Host<M> {
+    fn drop(&mut self) {
+        self.corpora.close_pins();
+        if let Some(pinner) = self.pinner.take() {
+            let _ = pinner.join();
+        }
+    }
+}
+
+/// The pinner: take queued pins in order until the registry closes.
+fn spawn_pinner<M: ModelAccess + 'static>(
+    models: Arc<M>,
+    corpora: Arc<CorpusRegistry>,
+) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("triage-pinner".into())
+        .spawn(move || {
+            while !corpora.pins_closed() {
+                if let Some(task) = corpora.next_pin_task(Duration::from_secs(60)) {
+                    if let Err(e) = corpora.run_pin(&*models, task) {
+                        tracing::error!(error = %e, "pinning a corpus prefix failed");
+                    }
+                }
+            }
+        })
+        .map_err(|e| HostError::Internal(format!("starting the pinner thread: {e}")))
 }
 
 impl<M> std::fmt::Debug for Host<M> {
@@ -48,7 +92,7 @@ impl<M> std::fmt::Debug for Host<M> {
     }
 }
 
-impl<M: ModelAccess> Host<M> {
+impl<M: ModelAccess + 'static> Host<M> {
     /// A host over `models` routing with `routing`, its corpora from the store under
     /// `data_dir`. Loads no corpus: see [`Host::load_corpora`].
     pub fn with_models(
@@ -58,11 +102,45 @@ impl<M: ModelAccess> Host<M> {
         data_dir: &Path,
         prefix_dir: PathBuf,
     ) -> Result<Self> {
+        let models = Arc::new(models);
+        let corpora = Arc::new(CorpusRegistry::new(data_dir, prefix_dir, embedder));
+        let pinner = spawn_pinner(models.clone(), corpora.clone())?;
         Ok(Self {
             models,
             pipeline: Pipeline::new(routing)?,
-            corpora: CorpusRegistry::new(data_dir, prefix_dir, embedder),
+            corpora,
+            pin_wait: DEFAULT_PIN_WAIT,
+            pinner: Some(pinner),
         })
+    }
+
+    /// How long a routed question waits for a pin of its corpus under way (see
+    /// [`DEFAULT_PIN_WAIT`]).
+    pub fn with_pin_wait(mut self, wait: Duration) -> Self {
+        self.pin_wait = wait;
+        self
+    }
+
+    /// Wait until the pin of corpus `name`'s long-context prefix, if one is under way, has
+    /// ended (pinned, or found not to fit), and return the corpus as it stands. A change
+    /// returns before its prefix is pinned; this is how a caller waits for it.
+    pub fn wait_pinned(&self, name: &str) -> Result<CorpusSummary> {
+        let loaded = self
+            .corpora
+            .get(name)?
+            .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
+        self.corpora.wait_pinned(&loaded, None);
+        self.corpus(name)
+    }
+
+    /// Corpus `name` as it is served now (loaded for RAG first if it is only in the store).
+    pub fn corpus(&self, name: &str) -> Result<CorpusSummary> {
+        let routing = &self.pipeline.config;
+        self.models.with_generator(|g| {
+            self.corpora
+                .get_or_load(g, routing, name, PrefixUse::Never)
+                .map(|loaded| crate::registry::summary_of(name, &loaded))
+        })?
     }
 
     /// Load `names` (at start), logging each.
@@ -75,13 +153,13 @@ impl<M: ModelAccess> Host<M> {
     }
 
     /// Bound the corpora callers may create and how large they may grow.
-    pub fn with_corpus_limits(mut self, limits: CorpusLimits) -> Self {
+    pub fn with_corpus_limits(self, limits: CorpusLimits) -> Self {
         self.corpora.set_limits(limits);
         self
     }
 
     /// Use a corpus store other than `$TRIAGE_HOME/corpora` (tests, tools).
-    pub fn with_store(mut self, data_dir: &Path) -> Self {
+    pub fn with_store(self, data_dir: &Path) -> Self {
         self.corpora.set_store(data_dir);
         self
     }
@@ -112,12 +190,13 @@ impl<M: ModelAccess> Host<M> {
     }
 
     /// Open the corpus `name` and pin its prefix in the long-context model (from the cache, from
-    /// the persisted file, or prefilled now and saved). A corpus too long for the model loads
-    /// without the long-context path.
+    /// the persisted file, or prefilled now and saved), returning once it is pinned. A corpus
+    /// too long for the model loads without the long-context path.
     pub fn load_corpus(&self, name: &str) -> Result<CorpusSummary> {
         let routing = &self.pipeline.config;
         self.models
-            .with_generator(|g| self.corpora.load(g, routing, name, PrefixUse::MayRead))?
+            .with_generator(|g| self.corpora.load(g, routing, name, PrefixUse::MayRead))??;
+        self.wait_pinned(name)
     }
 
     /// Open the corpus `name` without pinning its prefix: the first question that may take long
@@ -129,11 +208,13 @@ impl<M: ModelAccess> Host<M> {
             .with_generator(|g| self.corpora.load(g, routing, name, PrefixUse::Never))?
     }
 
-    /// Make an already opened corpus answerable.
+    /// Make an already opened corpus answerable, returning once its prefix is pinned.
     pub fn add_corpus(&self, corpus: Corpus) -> Result<CorpusSummary> {
         let routing = &self.pipeline.config;
+        let name = corpus.name.clone();
         self.models
-            .with_generator(|g| self.corpora.add(g, routing, corpus))?
+            .with_generator(|g| self.corpora.add(g, routing, corpus))??;
+        self.wait_pinned(&name)
     }
 
     /// Stop answering from `name` and release its pinned prefix.
@@ -158,21 +239,24 @@ impl<M: ModelAccess> Host<M> {
         self.corpora.list()
     }
 
-    /// Create a corpus (a conflict if it exists) with `documents`.
+    /// Create a corpus (a conflict if it exists) with `documents`. Returns once they are
+    /// stored; the long-context prefix is pinned in the background ([`Host::wait_pinned`]).
     pub fn create_corpus(&self, name: &str, documents: &[Document]) -> Result<DocumentsChange> {
         let routing = &self.pipeline.config;
         self.models
             .with_generator(|g| self.corpora.create(g, routing, name, documents))?
     }
 
-    /// Add or replace documents of an existing corpus.
+    /// Add or replace documents of an existing corpus. Returns once they are stored; the
+    /// long-context prefix is pinned again in the background ([`Host::wait_pinned`]).
     pub fn add_documents(&self, name: &str, documents: &[Document]) -> Result<DocumentsChange> {
         let routing = &self.pipeline.config;
         self.models
             .with_generator(|g| self.corpora.add_documents(g, routing, name, documents))?
     }
 
-    /// Delete documents by id from an existing corpus.
+    /// Delete documents by id from an existing corpus. Returns once the change is stored; the
+    /// long-context prefix is pinned again in the background ([`Host::wait_pinned`]).
     pub fn delete_documents(&self, name: &str, ids: &[String]) -> Result<DocumentsChange> {
         let routing = &self.pipeline.config;
         self.models
@@ -223,12 +307,8 @@ impl<M: ModelAccess> Host<M> {
         cancelled: &AtomicBool,
         mut on_event: impl FnMut(AnswerEvent),
     ) -> Result<Answer> {
-        let routing = &self.pipeline.config;
+        let (loaded, released) = self.corpus_for(request)?;
         self.models.with_cancellable_generator(cancelled, |g| {
-            let prefix = prefix_use(request.route, routing);
-            let (loaded, released) =
-                self.corpora
-                    .get_or_load(g, routing, &request.corpus, prefix)?;
             let generation = loaded.corpus.generation;
             on_event(AnswerEvent::Corpus { generation });
             let view = loaded.view(&request.corpus);
@@ -243,12 +323,8 @@ impl<M: ModelAccess> Host<M> {
 
     /// Decide the first path without answering.
     pub fn plan(&self, request: &AskRequest) -> Result<DecisionRecord> {
-        let routing = &self.pipeline.config;
+        let (loaded, released) = self.corpus_for(request)?;
         self.models.with_generator(|g| {
-            let prefix = prefix_use(request.route, routing);
-            let (loaded, released) =
-                self.corpora
-                    .get_or_load(g, routing, &request.corpus, prefix)?;
             let view = loaded.view(&request.corpus);
             let mut record = self
                 .pipeline
@@ -257,6 +333,26 @@ impl<M: ModelAccess> Host<M> {
             record.corpus_generation = Some(loaded.corpus.generation);
             Ok(record)
         })?
+    }
+}
+
+impl<M: ModelAccess + 'static> Host<M> {
+    /// The corpus a question is asked over, with its pin waited for as its route says: a
+    /// forced long context until the pin ends, auto routing that may take long context up to
+    /// the host's `pin_wait` (then it answers without it, and its record says why), other
+    /// routes not at all. Also the corpora that pin released to make room.
+    fn corpus_for(&self, request: &AskRequest) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
+        let routing = &self.pipeline.config;
+        let prefix = prefix_use(request.route, routing);
+        let loaded = self
+            .models
+            .with_generator(|g| self.corpora.get_or_load(g, routing, &request.corpus, prefix))??;
+        let released = match (prefix, request.route) {
+            (PrefixUse::Never, _) => Vec::new(),
+            (PrefixUse::MayRead, Route::Lc) => self.corpora.wait_pinned(&loaded, None),
+            (PrefixUse::MayRead, _) => self.corpora.wait_pinned(&loaded, Some(self.pin_wait)),
+        };
+        Ok((loaded, released))
     }
 }
 

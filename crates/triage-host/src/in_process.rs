@@ -83,7 +83,8 @@ impl Host<InProcessModels> {
         let data_dir = config.pipeline.data_dir();
         let prefix_dir = config.pipeline.prefix_dir();
         let engine = Self::with_models(models, config.routing, embedder, &data_dir, prefix_dir)?
-            .with_corpus_limits(config.pipeline.limits);
+            .with_corpus_limits(config.pipeline.limits)
+            .with_pin_wait(config.pipeline.pin_wait());
         engine.load_corpora(&config.pipeline.corpora)?;
         Ok(engine)
     }

@@ -24,7 +24,10 @@ pub use config::{
     TriageConfig,
 };
 pub use error::{error_kind, ErrorKind, HostError, Result};
-pub use host::{Host, ModelAccess};
+pub use host::{Host, ModelAccess, DEFAULT_PIN_WAIT};
 pub use in_process::{Engine, InProcessModels};
 pub use loader::{load_embedder, load_model, load_shared};
-pub use registry::{CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PrefixUse};
+pub use registry::{
+    CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PinStatus, PinTask,
+    PrefixUse,
+};

@@ -1,42 +1,34 @@
 //! `CorpusRegistry`: the corpora a host answers from. It opens a corpus from the store, checks
-//! that it was embedded with the host's embedder, pins its long-context prefix (the new prefix
-//! before the old one is released, so an unchanged corpus keeps its cached blocks; when the
-//! prefix does not fit, the least recently used prefixes of other corpora are released first),
-//! swaps it in, and unloads it. A prefix that is not resident (released, or never pinned because
-//! the corpus was loaded unpinned) is pinned by the first question that may take long context,
-//! never by one that cannot. Changes to one corpus run one at a time; changes to different
-//! corpora, and readers, do not wait for each other.
+//! that it was embedded with the host's embedder, swaps it in, queues the pin of its
+//! long-context prefix (run in the background, see `pins.rs`: the old prefix is released once
+//! the new one is pinned, so the blocks they share are reused; when the prefix does not fit,
+//! older prefixes are released first), and unloads it. A change returns once its documents are
+//! stored and the new generation is swapped in, not when its prefix is pinned. A prefix that is
+//! not resident (released, or never pinned because the corpus was loaded unpinned) is queued by
+//! the first question that may take long context, never by one that cannot. Changes to one
+//! corpus run one at a time; changes to different corpora, and readers, do not wait for each
+//! other.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
 
 use triage_retrieval::{BertEmbedder, ChunkerConfig, Corpus, CorpusStore, Document, Embedder};
-use triage_router::{long_context_prompt, pin_long_context, LongContextPrompt};
-use triage_router::{CorpusView, Generator, ModelRole, PinnedPrefix, RoutingConfig};
+use triage_router::{long_context_prompt, LongContextPrompt};
+use triage_router::{CorpusView, Generator, PinnedPrefix, RoutingConfig};
 
 use crate::config::CorpusLimits;
 use crate::error::{HostError, Result};
 
+mod pins;
 mod summary;
 
+use pins::{PinQueue, PinSlot, PinState};
+pub use pins::PinTask;
 use summary::{document_bytes, not_loaded, summary};
-pub use summary::{CorpusSummary, DocumentSummary, DocumentsChange};
-
-/// Whether a loaded corpus's long-context prefix is resident.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum PinState {
-    /// The corpus has no long-context prompt (see its reason).
-    NoPrefix,
-    /// Resident, with where this pin's KV came from.
-    Pinned(PinnedPrefix),
-    /// Not resident: released to make room for another corpus's, or loaded unpinned. Pinned
-    /// when a question that may take long context asks.
-    NotResident,
-    /// It does not fit in the long-context model's cache (why): the corpus answers by RAG.
-    DoesNotFit(String),
-}
+pub use summary::{CorpusSummary, DocumentSummary, DocumentsChange, PinStatus};
 
 /// Whether a caller may read a corpus's long-context prefix: only then is a prefix that is not
 /// resident pinned for it (a prefill of the whole corpus on the long-context model).
@@ -56,7 +48,9 @@ pub struct LoadedCorpus {
     pub corpus: Corpus,
     pub long_context: std::result::Result<LongContextPrompt, String>,
     /// Every pin and release goes through this lock, so a prefix is released once per pin.
-    pin: Mutex<PinState>,
+    pin: Mutex<PinSlot>,
+    /// Signalled whenever the pin's state changes (questions wait on it for a pin to end).
+    pin_changed: Condvar,
     /// The registry's clock at its last use (the least recently used is released first).
     last_used: AtomicU64,
 }
@@ -71,13 +65,10 @@ impl LoadedCorpus {
         Self {
             corpus,
             long_context,
-            pin: Mutex::new(pin),
+            pin: Mutex::new(PinSlot::new(pin)),
+            pin_changed: Condvar::new(),
             last_used: AtomicU64::new(0),
         }
-    }
-
-    fn set_pin_state(&self, state: PinState) {
-        *self.pin.lock().unwrap_or_else(PoisonError::into_inner) = state;
     }
 
     /// The pin when the prefix is resident.
@@ -90,22 +81,31 @@ impl LoadedCorpus {
 
     /// Whether a caller that reads the prefix as `prefix` says needs it pinned first.
     fn wants_pin(&self, prefix: PrefixUse) -> bool {
-        prefix == PrefixUse::MayRead && self.pin_state() == PinState::NotResident
+        prefix == PrefixUse::MayRead && matches!(self.pin_state(), PinState::NotResident)
     }
 
     fn pin_state(&self) -> PinState {
-        // A poisoned state lock still holds a whole value (only assignments happen under it).
-        self.pin
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.slot().state.clone()
     }
 
-    /// The long-context prompt when the path is usable: the corpus has one and its prefix fits.
+    /// The long-context prompt when the path is usable: the corpus has one, its prefix fits,
+    /// and no pin of it is under way (a question never reads a prefix still being prefilled:
+    /// it answers by RAG, and its decision record says why).
     fn usable_long_context(&self) -> std::result::Result<&LongContextPrompt, String> {
         let lc = self.long_context.as_ref().map_err(Clone::clone)?;
-        match self.pin_state() {
-            PinState::DoesNotFit(why) => Err(why),
+        let slot = self.slot();
+        let generation = self.corpus.generation;
+        match &slot.state {
+            PinState::DoesNotFit(why) => Err(why.clone()),
+            PinState::Pinning(_) if slot.retired => Err(format!(
+                "generation {generation} was replaced while its long-context prefix was being pinned"
+            )),
+            PinState::Pinning(job) => {
+                let (done, total) = job.progress();
+                Err(format!(
+                    "the long-context prefix of generation {generation} is being pinned ({done} of {total} tokens)"
+                ))
+            }
             _ => Ok(lc),
         }
     }
@@ -119,6 +119,11 @@ impl LoadedCorpus {
             long_context: self.usable_long_context(),
         }
     }
+}
+
+/// What a loaded corpus reports.
+pub fn summary_of(name: &str, loaded: &LoadedCorpus) -> CorpusSummary {
+    summary(name, loaded)
 }
 
 /// A store error, a missing corpus as the host's own `UnknownCorpus`.
@@ -138,16 +143,18 @@ type Table = BTreeMap<String, Arc<LoadedCorpus>>;
 
 /// The corpora of a host and the store they come from.
 pub struct CorpusRegistry {
-    store: CorpusStore,
+    store: RwLock<CorpusStore>,
     prefix_dir: PathBuf,
     embedder: BertEmbedder,
-    limits: CorpusLimits,
+    limits: RwLock<CorpusLimits>,
     corpora: RwLock<Table>,
     /// One writer per corpus (ingesting and re-pinning one name are not concurrent-safe);
     /// entries exist only for names in the store or being created.
     writers: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     /// Ticks once per use of any corpus: the order in which prefixes are released.
     clock: AtomicU64,
+    /// Pins waiting for the pinner.
+    pins: PinQueue,
 }
 
 impl std::fmt::Debug for CorpusRegistry {
@@ -163,24 +170,38 @@ impl CorpusRegistry {
     /// persisted under `prefix_dir`.
     pub fn new(data_dir: &Path, prefix_dir: PathBuf, embedder: BertEmbedder) -> Self {
         Self {
-            store: CorpusStore::new(data_dir),
+            store: RwLock::new(CorpusStore::new(data_dir)),
             prefix_dir,
             embedder,
-            limits: CorpusLimits::default(),
+            limits: RwLock::new(CorpusLimits::default()),
             corpora: RwLock::new(BTreeMap::new()),
             writers: Mutex::new(HashMap::new()),
             clock: AtomicU64::new(0),
+            pins: PinQueue::default(),
         }
     }
 
     /// Read corpora from the store under `data_dir` instead (tests, tools); loaded corpora stay.
-    pub fn set_store(&mut self, data_dir: &Path) {
-        self.store = CorpusStore::new(data_dir);
+    pub fn set_store(&self, data_dir: &Path) {
+        *self.store.write().unwrap_or_else(PoisonError::into_inner) = CorpusStore::new(data_dir);
     }
 
     /// Bound what callers may store.
-    pub fn set_limits(&mut self, limits: CorpusLimits) {
-        self.limits = limits;
+    pub fn set_limits(&self, limits: CorpusLimits) {
+        *self.limits.write().unwrap_or_else(PoisonError::into_inner) = limits;
+    }
+
+    // Both hold plain values that are only ever replaced whole, so a poisoned lock still
+    // holds a valid one.
+    fn store(&self) -> CorpusStore {
+        self.store
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn limits(&self) -> CorpusLimits {
+        *self.limits.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub fn embedder(&self) -> &BertEmbedder {
@@ -241,24 +262,27 @@ impl CorpusRegistry {
     }
 
     fn in_store(&self, name: &str) -> Result<bool> {
-        Ok(self.store.list()?.iter().any(|n| n == name))
+        Ok(self.store().list()?.iter().any(|n| n == name))
     }
 
-    /// The corpus `name`, and the corpora whose prefix was released to make room for its. One in
-    /// the store but not loaded yet (made by `triage ingest`, by another replica sharing the
-    /// store, or before a restart) is loaded now; so is a newer generation another writer
-    /// stored. Its prefix is pinned when `prefix` says the caller may read it.
+    /// The corpus `name`. One in the store but not loaded yet (made by `triage ingest`, by
+    /// another replica sharing the store, or before a restart) is loaded now; so is a newer
+    /// generation another writer stored. Its prefix's pin is queued when `prefix` says the
+    /// caller may read it and it is not resident: see [`CorpusRegistry::wait_pinned`].
     pub fn get_or_load(
         &self,
         generator: &mut dyn Generator,
         routing: &RoutingConfig,
         name: &str,
         prefix: PrefixUse,
-    ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
+    ) -> Result<Arc<LoadedCorpus>> {
         if let Some(loaded) = self.get(name)? {
             self.touch(&loaded);
-            if !loaded.wants_pin(prefix) && !self.superseded(&loaded, name)? {
-                return Ok((loaded, Vec::new()));
+            if !self.superseded(&loaded, name)? {
+                if loaded.wants_pin(prefix) {
+                    self.request_pin(name, &loaded);
+                }
+                return Ok(loaded);
             }
         } else if !self.in_store(name)? {
             return Err(HostError::UnknownCorpus(name.to_string()));
@@ -274,35 +298,40 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
         prefix: PrefixUse,
-    ) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
+    ) -> Result<Arc<LoadedCorpus>> {
         if let Some(loaded) = self.get(name)? {
             if !self.superseded(&loaded, name)? {
-                if !loaded.wants_pin(prefix) {
-                    return Ok((loaded, Vec::new()));
+                if loaded.wants_pin(prefix) {
+                    self.request_pin(name, &loaded);
                 }
-                let (_, released) = self.pin(generator, name, &loaded)?;
-                return Ok((loaded, released));
+                return Ok(loaded);
             }
         }
         let corpus = self.open(name)?;
-        let (summary, loaded) = self.swap_in(generator, routing, corpus, prefix)?;
-        Ok((loaded, summary.unpinned_corpora))
+        Ok(self.swap_in(generator, routing, corpus, prefix)?.1)
+    }
+
+    /// Wait up to `timeout` (for ever with `None`) while the pin of `loaded`'s generation runs;
+    /// the corpora its pin released to make room, when it ended meanwhile. Call it without
+    /// holding the models: a pinner that steps them in this process needs them.
+    pub fn wait_pinned(&self, loaded: &LoadedCorpus, timeout: Option<Duration>) -> Vec<String> {
+        loaded.wait_pinned(timeout)
     }
 
     fn open(&self, name: &str) -> Result<Corpus> {
-        self.store.open(name).map_err(store_error)
+        self.store().open(name).map_err(store_error)
     }
 
     /// Whether the store holds a newer generation of `name` than `loaded` (another writer
     /// sharing the store changed it). A corpus the store does not hold is never superseded.
     fn superseded(&self, loaded: &LoadedCorpus, name: &str) -> Result<bool> {
-        let live = self.store.live_generation(name).map_err(store_error)?;
+        let live = self.store().live_generation(name).map_err(store_error)?;
         Ok(live.is_some_and(|g| g > loaded.corpus.generation))
     }
 
-    /// Open `name` from the store (it must exist) and, for [`PrefixUse::MayRead`], pin its
-    /// long-context prefix now; with [`PrefixUse::Never`] the first question that may take long
-    /// context pins it. A corpus loaded before is replaced.
+    /// Open `name` from the store (it must exist) and, for [`PrefixUse::MayRead`], queue the
+    /// pin of its long-context prefix; with [`PrefixUse::Never`] the first question that may
+    /// take long context queues it. A corpus loaded before is replaced.
     pub fn load(
         &self,
         generator: &mut dyn Generator,
@@ -332,39 +361,6 @@ impl CorpusRegistry {
         })
     }
 
-    /// Pin the prefix of `loaded` (corpus `name`), releasing the least recently used prefixes
-    /// of other corpora while it does not fit; when it does not fit even alone, the corpus
-    /// answers by RAG. Returns the pin and the corpora released.
-    fn pin(
-        &self,
-        generator: &mut dyn Generator,
-        name: &str,
-        loaded: &LoadedCorpus,
-    ) -> Result<(Option<PinnedPrefix>, Vec<String>)> {
-        let mut released = Vec::new();
-        let Ok(lc) = &loaded.long_context else {
-            return Ok((None, released));
-        };
-        loop {
-            let why = match pin_long_context(generator, lc, &self.prefix_dir)? {
-                Ok(pinned) => {
-                    loaded.set_pin_state(PinState::Pinned(pinned));
-                    return Ok((Some(pinned), released));
-                }
-                Err(why) => why,
-            };
-            let Some((victim_name, victim)) = self.least_recently_used_pinned(name)? else {
-                tracing::warn!(corpus = %name, reason = %why, "the corpus answers by RAG only");
-                loaded.set_pin_state(PinState::DoesNotFit(why));
-                return Ok((None, released));
-            };
-            if self.release(generator, &victim, PinState::NotResident)? {
-                tracing::info!(corpus = %name, released = %victim_name, "released a pinned corpus prefix to make room");
-                released.push(victim_name);
-            }
-        }
-    }
-
     /// The loaded corpus other than `except` whose pinned prefix was used least recently.
     fn least_recently_used_pinned(
         &self,
@@ -378,27 +374,10 @@ impl CorpusRegistry {
             .map(|(n, l)| (n.clone(), l.clone())))
     }
 
-    /// Unpin the prefix of `loaded` if it is pinned, leaving it in state `after`; whether it was.
-    fn release(
-        &self,
-        generator: &mut dyn Generator,
-        loaded: &LoadedCorpus,
-        after: PinState,
-    ) -> Result<bool> {
-        let mut state = loaded.pin.lock().unwrap_or_else(PoisonError::into_inner);
-        if !matches!(*state, PinState::Pinned(_)) {
-            return Ok(false);
-        }
-        if let Ok(lc) = &loaded.long_context {
-            generator.unpin_prefix(ModelRole::LongContext, &lc.prefix)?;
-        }
-        *state = after;
-        Ok(true)
-    }
-
-    /// Check the embedder, pin the new prefix (unless `prefix` says it is not read yet), swap
-    /// the corpus in, then release the old prefix (pins are counted, so blocks the two share
-    /// stay resident).
+    /// Check the embedder, swap the corpus in, and queue the pin of its prefix (unless `prefix`
+    /// says it is not read yet). The old generation's pin is cancelled if it is still running;
+    /// a prefix it holds is released once the new one's pin ends (pins are counted, so blocks
+    /// the two share stay resident), or now when the new one is not pinned.
     fn swap_in(
         &self,
         generator: &mut dyn Generator,
@@ -417,18 +396,21 @@ impl CorpusRegistry {
         let name = corpus.name.clone();
         let loaded = Arc::new(LoadedCorpus::new(corpus, long_context));
         self.touch(&loaded);
-        let (pinned, released) = if loaded.wants_pin(prefix) {
-            self.pin(generator, &name, &loaded)?
-        } else {
-            (None, Vec::new())
-        };
+        if loaded.wants_pin(prefix) {
+            self.request_pin(&name, &loaded);
+        }
         let old = self.table_mut()?.insert(name.clone(), loaded.clone());
         if let Some(old) = old {
-            self.release(generator, &old, PinState::NoPrefix)?;
+            let release = self.retire(&old, Some(&loaded));
+            self.release_now(generator, &release)?;
         }
-        let mut summary = summary(&name, &loaded, pinned);
-        summary.unpinned_corpora = released;
-        Ok((summary, loaded))
+        Ok((summary(&name, &loaded), loaded))
+    }
+
+    /// Stop serving `old` (unloaded or deleted): its pin stops, its prefixes are released.
+    fn drop_loaded(&self, generator: &mut dyn Generator, old: &Arc<LoadedCorpus>) -> Result<()> {
+        let release = self.retire(old, None);
+        self.release_now(generator, &release)
     }
 
     /// Stop answering from `name` and release its pinned prefix.
@@ -438,8 +420,7 @@ impl CorpusRegistry {
                 .table_mut()?
                 .remove(name)
                 .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
-            self.release(generator, &old, PinState::NoPrefix)?;
-            Ok(())
+            self.drop_loaded(generator, &old)
         })
     }
 
@@ -449,10 +430,11 @@ impl CorpusRegistry {
             return Err(HostError::UnknownCorpus(name.to_string()));
         }
         self.with_writer(name, || {
-            if let Some(old) = self.table_mut()?.remove(name) {
-                self.release(generator, &old, PinState::NoPrefix)?;
+            let removed = self.table_mut()?.remove(name);
+            if let Some(old) = removed {
+                self.drop_loaded(generator, &old)?;
             }
-            let deleted = self.store.delete(name).map_err(store_error);
+            let deleted = self.store().delete(name).map_err(store_error);
             self.forget_writer(name);
             deleted
         })
@@ -468,12 +450,12 @@ impl CorpusRegistry {
         Ok(self
             .table()?
             .iter()
-            .map(|(name, loaded)| summary(name, loaded, None))
+            .map(|(name, loaded)| summary(name, loaded))
             .collect())
     }
 
     fn check_count(&self, what: &str, n: usize) -> Result<()> {
-        let max = self.limits.max_documents_per_request;
+        let max = self.limits().max_documents_per_request;
         if n > max {
             return Err(HostError::Invalid(format!(
                 "{n} {what} in one request; at most {max} (split the request)"
@@ -491,11 +473,11 @@ impl CorpusRegistry {
         documents: &[Document],
     ) -> Result<DocumentsChange> {
         self.check_count("documents", documents.len())?;
-        let stored = self.store.list()?;
+        let stored = self.store().list()?;
         if stored.iter().any(|n| n == name) {
             return Err(HostError::CorpusExists(name.to_string()));
         }
-        if stored.len() >= self.limits.max_corpora {
+        if stored.len() >= self.limits().max_corpora {
             return Err(HostError::Invalid(format!(
                 "the store holds {} corpora, the most this server keeps; delete one first",
                 stored.len()
@@ -524,8 +506,7 @@ impl CorpusRegistry {
         self.check_count("documents", documents.len())?;
         self.require_stored(name)?;
         self.with_writer(name, || {
-            let (loaded, _) =
-                self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
+            let loaded = self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
             self.change(generator, routing, name, Some(&loaded), documents, &[])
         })
     }
@@ -541,8 +522,7 @@ impl CorpusRegistry {
         self.check_count("document ids", ids.len())?;
         self.require_stored(name)?;
         self.with_writer(name, || {
-            let (loaded, _) =
-                self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
+            let loaded = self.get_or_load_locked(generator, routing, name, PrefixUse::Never)?;
             let known = document_bytes(&loaded.corpus);
             if let Some(missing) = ids.iter().find(|id| !known.contains_key(id.as_str())) {
                 return Err(HostError::Invalid(format!(
@@ -569,7 +549,7 @@ impl CorpusRegistry {
             bytes.insert(d.id.as_str(), d.text.len() + d.title.len());
         }
         let total: usize = bytes.values().sum();
-        let max = self.limits.max_corpus_bytes;
+        let max = self.limits().max_corpus_bytes;
         if total > max {
             return Err(HostError::TooLarge(format!(
                 "corpus {name:?} would hold {total} bytes of text; this server keeps at most {max} per corpus"
@@ -578,8 +558,8 @@ impl CorpusRegistry {
         Ok(())
     }
 
-    /// Store the change as a new generation, then load it. A load that fails after the store
-    /// succeeded is reported in the answer (the documents are kept; the previous generation is
+    /// Store the change as a new generation, then load it and queue its prefix's pin (the
+    /// change returns without waiting for it). A load that fails after the store succeeded is reported in the answer (the documents are kept; the previous generation is
     /// still served), not as an error that would make the caller send them again.
     fn change(
         &self,
@@ -596,10 +576,10 @@ impl CorpusRegistry {
                 d.title
             )));
         }
-        self.limits.documents().check(documents)?;
+        self.limits().documents().check(documents)?;
         self.check_bytes(name, old, documents, delete)?;
         let tokenizer = self.embedder.model.tokenizer().clone();
-        let report = self.store.ingest(
+        let report = self.store().ingest(
             name,
             documents,
             delete,
@@ -614,7 +594,7 @@ impl CorpusRegistry {
             Ok((summary, _)) => (summary, None),
             Err(e) => {
                 tracing::error!(corpus = %name, error = %e, "stored a new generation but could not load it");
-                let served = self.get(name)?.map(|l| summary(name, &l, None));
+                let served = self.get(name)?.map(|l| summary(name, &l));
                 let message = format!(
                     "the documents are stored, but loading them failed ({e}); {} until the next load",
                     if served.is_some() { "the previous documents are served" } else { "the corpus is not served" }
@@ -639,7 +619,7 @@ impl CorpusRegistry {
         routing: &RoutingConfig,
         name: &str,
     ) -> Result<Vec<DocumentSummary>> {
-        let (loaded, _) = self.get_or_load(generator, routing, name, PrefixUse::Never)?;
+        let loaded = self.get_or_load(generator, routing, name, PrefixUse::Never)?;
         let mut docs: BTreeMap<&str, DocumentSummary> = BTreeMap::new();
         for c in loaded.corpus.chunks() {
             docs.entry(&c.doc_id)

@@ -7,10 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use triage_core::PrefixHandle;
-use triage_engine::EngineSet;
+use triage_engine::{EngineError, EngineSet, PinJob};
 use triage_engine::{FinishReason, GenerateRequest, TokenOutput};
-use triage_engine::{LlmEngine, PrefixSource, StreamEvent, Usage};
+use triage_engine::{LlmEngine, StreamEvent, Usage};
 use triage_models::model::Model;
 
 pub use triage_types::ModelRole;
@@ -28,13 +27,10 @@ pub struct Generated {
     pub elapsed: Duration,
 }
 
-/// A prefix kept resident in a model's cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PinnedPrefix {
-    /// Tokens pinned (whole blocks only; the tail of the prefix is prefilled with each question).
-    pub num_tokens: usize,
-    pub source: PrefixSource,
-}
+pub use triage_engine::PinnedPrefix;
+
+/// How long a blocking pin sleeps between looks at a job that another thread runs.
+const PIN_POLL: Duration = Duration::from_millis(50);
 
 /// The models behind the roles.
 pub trait Generator {
@@ -51,17 +47,54 @@ pub trait Generator {
         watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
     ) -> Result<Vec<Generated>>;
 
+    /// Start keeping `tokens` resident in `role`'s cache (persisted under `dir` when given)
+    /// and return at once: `job` reports the prefill's progress and ends once the prefix is
+    /// pinned, failed or cancelled. A pinned prefix stays until [`Generator::unpin_prefix`].
+    fn start_pin(
+        &mut self,
+        role: ModelRole,
+        tokens: &[u32],
+        dir: Option<&Path>,
+        job: Arc<PinJob>,
+    ) -> Result<()>;
+
+    /// Step, once, the engines running pins started here when nothing else steps them (models
+    /// run in the caller's thread); whether it stepped. Engines on threads of their own step
+    /// themselves: this returns `false`, and the caller waits on the job.
+    fn drive_pins(&mut self) -> Result<bool>;
+
     /// Keep `tokens` resident in `role`'s cache (persisted under `dir` when given) until
-    /// [`Generator::unpin_prefix`].
+    /// [`Generator::unpin_prefix`], returning once pinned.
     fn pin_prefix(
         &mut self,
         role: ModelRole,
         tokens: &[u32],
         dir: Option<&Path>,
-    ) -> Result<PinnedPrefix>;
+    ) -> Result<PinnedPrefix> {
+        let job = PinJob::new(tokens.len());
+        self.start_pin(role, tokens, dir, job.clone())?;
+        loop {
+            if let Some(outcome) = job.outcome() {
+                return outcome
+                    .map_err(|e| RouterError::Engine(EngineError::Invalid(e.to_string())));
+            }
+            if !self.drive_pins()? {
+                job.wait(PIN_POLL);
+            }
+        }
+    }
 
-    /// Release what [`Generator::pin_prefix`] pinned for `tokens`.
+    /// Release what [`Generator::start_pin`] pinned for `tokens`.
     fn unpin_prefix(&mut self, role: ModelRole, tokens: &[u32]) -> Result<()>;
+}
+
+/// Step `engine` once if it runs a pin; whether it did.
+fn drive_engine_pins(engine: &mut LlmEngine) -> Result<bool> {
+    if !engine.has_pending_pins() {
+        return Ok(false);
+    }
+    engine.step()?;
+    Ok(true)
 }
 
 /// Run `requests` on `engine` until each has finished, stepping it (and so any other request
@@ -144,36 +177,25 @@ impl Generator for LlmEngine {
         run_on_engine(self, requests, watch)
     }
 
-    fn pin_prefix(
+    fn start_pin(
         &mut self,
         _role: ModelRole,
         tokens: &[u32],
         dir: Option<&Path>,
-    ) -> Result<PinnedPrefix> {
-        pin_on_engine(self, tokens, dir).map(|(_, pinned)| pinned)
+        job: Arc<PinJob>,
+    ) -> Result<()> {
+        self.begin_pin(tokens, dir, job);
+        Ok(())
     }
 
-    fn unpin_prefix(&mut self, _role: ModelRole, _tokens: &[u32]) -> Result<()> {
-        Err(RouterError::Invalid(
-            "a bare engine does not track its pins; use RoleEngines".into(),
-        ))
+    fn drive_pins(&mut self) -> Result<bool> {
+        drive_engine_pins(self)
     }
-}
 
-fn pin_on_engine(
-    engine: &mut LlmEngine,
-    tokens: &[u32],
-    dir: Option<&Path>,
-) -> Result<(PrefixHandle, PinnedPrefix)> {
-    let (handle, source) = match dir {
-        Some(dir) => engine.pin_persisted_prefix(tokens, dir)?,
-        None => engine.pin_prefix(tokens)?,
-    };
-    let pinned = PinnedPrefix {
-        num_tokens: handle.num_tokens,
-        source,
-    };
-    Ok((handle, pinned))
+    fn unpin_prefix(&mut self, _role: ModelRole, tokens: &[u32]) -> Result<()> {
+        self.release_pin(tokens);
+        Ok(())
+    }
 }
 
 /// Engines by name with the role each plays; several roles may share one engine.
@@ -181,7 +203,6 @@ fn pin_on_engine(
 pub struct RoleEngines {
     engines: EngineSet,
     roles: HashMap<ModelRole, String>,
-    pins: Vec<(ModelRole, Vec<u32>, PrefixHandle)>,
 }
 
 impl RoleEngines {
@@ -239,27 +260,28 @@ impl Generator for RoleEngines {
         run_on_engine(self.engine_mut(role)?, requests, watch)
     }
 
-    fn pin_prefix(
+    fn start_pin(
         &mut self,
         role: ModelRole,
         tokens: &[u32],
         dir: Option<&Path>,
-    ) -> Result<PinnedPrefix> {
-        let (handle, pinned) = pin_on_engine(self.engine_mut(role)?, tokens, dir)?;
-        self.pins.push((role, tokens.to_vec(), handle));
-        Ok(pinned)
+        job: Arc<PinJob>,
+    ) -> Result<()> {
+        self.engine_mut(role)?.begin_pin(tokens, dir, job);
+        Ok(())
+    }
+
+    fn drive_pins(&mut self) -> Result<bool> {
+        let names: Vec<String> = self.engines.names().map(str::to_string).collect();
+        let mut stepped = false;
+        for name in names {
+            stepped |= drive_engine_pins(self.engines.engine_mut(&name)?)?;
+        }
+        Ok(stepped)
     }
 
     fn unpin_prefix(&mut self, role: ModelRole, tokens: &[u32]) -> Result<()> {
-        let Some(idx) = self
-            .pins
-            .iter()
-            .position(|(r, t, _)| *r == role && t == tokens)
-        else {
-            return Ok(());
-        };
-        let (_, _, handle) = self.pins.remove(idx);
-        self.engine_mut(role)?.unpin_prefix(&handle);
+        self.engine_mut(role)?.release_pin(tokens);
         Ok(())
     }
 }

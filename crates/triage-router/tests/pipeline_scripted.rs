@@ -172,16 +172,22 @@ impl Generator for Scripted {
         Ok(out)
     }
 
-    fn pin_prefix(
+    fn start_pin(
         &mut self,
         _role: ModelRole,
         tokens: &[u32],
         _dir: Option<&Path>,
-    ) -> triage_router::Result<PinnedPrefix> {
-        Ok(PinnedPrefix {
+        job: std::sync::Arc<triage_engine::PinJob>,
+    ) -> triage_router::Result<()> {
+        job.end(Ok(PinnedPrefix {
             num_tokens: tokens.len(),
             source: PrefixSource::Computed { reused_tokens: 0 },
-        })
+        }));
+        Ok(())
+    }
+
+    fn drive_pins(&mut self) -> triage_router::Result<bool> {
+        Ok(false)
     }
 
     fn unpin_prefix(&mut self, _role: ModelRole, _tokens: &[u32]) -> triage_router::Result<()> {

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use triage_engine::{
-    tokenize_prompt, EngineError, FinishReason, GenerateRequest, StreamEvent, TokenOutput,
+    tokenize_prompt, EngineError, FinishReason, GenerateRequest, PinJob, StreamEvent, TokenOutput,
 };
 use triage_host::{Host, HostError, ModelAccess};
 use triage_models::model::Model;
 use triage_retrieval::BertEmbedder;
-use triage_router::{Generated, Generator, ModelRole, PinnedPrefix, RouterError, RoutingConfig};
+use triage_router::{Generated, Generator, ModelRole, RouterError, RoutingConfig};
 
 use crate::metrics::ResidentPrefix;
 use crate::worker::EngineWorker;
@@ -136,16 +136,21 @@ impl Generator for WorkerGenerator<'_> {
             .collect()
     }
 
-    fn pin_prefix(
+    fn start_pin(
         &mut self,
         role: ModelRole,
         tokens: &[u32],
         dir: Option<&Path>,
-    ) -> triage_router::Result<PinnedPrefix> {
-        let (num_tokens, source) = self
+        job: Arc<PinJob>,
+    ) -> triage_router::Result<()> {
+        Ok(self
             .worker(role)?
-            .pin_blocking(tokens.to_vec(), dir.map(Path::to_path_buf))?;
-        Ok(PinnedPrefix { num_tokens, source })
+            .start_pin(tokens.to_vec(), dir.map(Path::to_path_buf), job)?)
+    }
+
+    /// The engine threads step their pins.
+    fn drive_pins(&mut self) -> triage_router::Result<bool> {
+        Ok(false)
     }
 
     fn unpin_prefix(&mut self, role: ModelRole, tokens: &[u32]) -> triage_router::Result<()> {
@@ -267,6 +272,12 @@ impl RoutingService {
     /// Bound the corpora clients may create over `/v1/corpora` and how large they may grow.
     pub fn with_corpus_limits(mut self, limits: triage_host::CorpusLimits) -> Self {
         self.host = self.host.with_corpus_limits(limits);
+        self
+    }
+
+    /// How long a routed question waits for a pin of its corpus under way.
+    pub fn with_pin_wait(mut self, wait: std::time::Duration) -> Self {
+        self.host = self.host.with_pin_wait(wait);
         self
     }
 }

@@ -51,7 +51,8 @@ pub fn routing_service(
         &section.data_dir(),
         section.prefix_dir(),
     )?
-    .with_corpus_limits(section.limits);
+    .with_corpus_limits(section.limits)
+    .with_pin_wait(section.pin_wait());
     service.host.load_corpora(&section.corpora)?;
     tracing::info!(alias = %section.alias, "routing pipeline ready");
     Ok(Some(Arc::new(service)))

@@ -9,10 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc as async_mpsc, oneshot};
-use triage_core::PrefixHandle;
 use triage_engine::{
-    EngineError, EventSink, GenerateRequest, LlmEngine, PendingPin, PinStart, PrefixSource,
-    RequestId, StreamEvent,
+    EngineError, EventSink, GenerateRequest, LlmEngine, PinJob, RequestId, StreamEvent,
 };
 use triage_models::model::Model;
 use triage_router::ModelRole;
@@ -39,11 +37,12 @@ enum Command {
         sink: AsyncSink,
         reply: oneshot::Sender<std::result::Result<RequestId, EngineError>>,
     },
-    /// Keep a prefix resident (persisted under `dir` when given) until `Unpin`.
+    /// Keep a prefix resident (persisted under `dir` when given) until `Unpin`; `job` tells
+    /// how its prefill goes.
     Pin {
         tokens: Vec<u32>,
         dir: Option<PathBuf>,
-        reply: PinReply,
+        job: Arc<PinJob>,
     },
     Unpin {
         tokens: Vec<u32>,
@@ -165,21 +164,18 @@ impl EngineWorker {
         Ok(rx)
     }
 
-    /// Pin `tokens` in this model's cache (blocking until prefilled or loaded); returns the
-    /// tokens pinned (whole blocks) and where their KV came from.
-    pub fn pin_blocking(
+    /// Start pinning `tokens` in this model's cache: the engine thread prefills them among
+    /// its other requests, and `job` reports progress and the outcome.
+    pub fn start_pin(
         &self,
         tokens: Vec<u32>,
         dir: Option<PathBuf>,
-    ) -> std::result::Result<(usize, PrefixSource), EngineError> {
-        let (reply, answer) = mpsc::channel();
-        self.send(Command::Pin { tokens, dir, reply })?;
-        answer
-            .recv()
-            .map_err(|_| EngineError::Invalid("the engine has stopped".into()))?
+        job: Arc<PinJob>,
+    ) -> std::result::Result<(), EngineError> {
+        self.send(Command::Pin { tokens, dir, job })
     }
 
-    /// Release a prefix pinned with [`EngineWorker::pin_blocking`].
+    /// Release a prefix pinned with [`EngineWorker::start_pin`].
     pub fn unpin(&self, tokens: Vec<u32>) -> std::result::Result<(), EngineError> {
         self.send(Command::Unpin { tokens })
     }
@@ -200,39 +196,6 @@ impl EngineWorker {
         let thread = self.thread.lock().ok().and_then(|mut t| t.take());
         if let Some(thread) = thread {
             let _ = thread.join();
-        }
-    }
-}
-
-/// A pin whose prefill is under way, with the caller waiting for it.
-type PendingPinCommand = (Vec<u32>, PendingPin, PinReply);
-
-type PinReply = mpsc::Sender<std::result::Result<(usize, PrefixSource), EngineError>>;
-
-/// Pin the prefixes whose prefill has finished and answer their callers.
-fn finish_pins(
-    engine: &mut LlmEngine,
-    pending: &mut Vec<PendingPinCommand>,
-    pins: &mut Vec<(Vec<u32>, PrefixHandle)>,
-) {
-    let mut i = 0;
-    while i < pending.len() {
-        if !pending[i].1.is_done(engine) {
-            i += 1;
-            continue;
-        }
-        let (tokens, pin, reply) = pending.swap_remove(i);
-        match engine.finish_pin(pin) {
-            Ok((handle, source, unsaved)) => {
-                if let Some(e) = unsaved {
-                    tracing::warn!(error = %e, "a pinned prefix could not be saved; the next start prefills it again");
-                }
-                let _ = reply.send(Ok((handle.num_tokens, source)));
-                pins.push((tokens, handle));
-            }
-            Err(e) => {
-                let _ = reply.send(Err(e));
-            }
         }
     }
 }
@@ -259,8 +222,6 @@ fn publish(engine: &LlmEngine, stats: &EngineStats) {
 /// The engine thread: take commands (blocking only when idle), step, publish counters.
 fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) {
     let mut stopping = false;
-    let mut pins: Vec<(Vec<u32>, PrefixHandle)> = Vec::new();
-    let mut pending_pins: Vec<PendingPinCommand> = Vec::new();
     loop {
         loop {
             let next = if engine.has_unfinished() || stopping {
@@ -287,27 +248,13 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                     let added = engine.add_request_with_sink(&request, Box::new(sink));
                     let _ = reply.send(added);
                 }
-                Command::Pin { tokens, dir, reply } => {
+                Command::Pin { tokens, dir, job } => {
                     // The prefill runs as a request among the others: plain requests and other
                     // pins keep being admitted while a corpus is prefilled.
-                    match engine.start_pin(&tokens, dir.as_deref()) {
-                        Ok(PinStart::Done(handle, source)) => {
-                            let _ = reply.send(Ok((handle.num_tokens, source)));
-                            pins.push((tokens, handle));
-                        }
-                        Ok(PinStart::Pending(pending)) => {
-                            pending_pins.push((tokens, pending, reply))
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    }
+                    engine.begin_pin(&tokens, dir.as_deref(), job);
                 }
                 Command::Unpin { tokens } => {
-                    if let Some(i) = pins.iter().position(|(t, _)| *t == tokens) {
-                        let (_, handle) = pins.remove(i);
-                        engine.unpin_prefix(&handle);
-                    }
+                    engine.release_pin(&tokens);
                 }
                 Command::Shutdown { cancel } => {
                     stopping = true;
@@ -327,7 +274,6 @@ fn run(mut engine: LlmEngine, commands: Receiver<Command>, stats: &EngineStats) 
                 engine.fail_all(&e.to_string());
             }
         }
-        finish_pins(&mut engine, &mut pending_pins, &mut pins);
         publish(&engine, stats);
         if stopping && !engine.has_unfinished() {
             return;

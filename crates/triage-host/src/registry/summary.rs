@@ -1,14 +1,32 @@
 //! What the registry reports: a corpus's summary (documents, chunks, its long-context prefix and
-//! whether it is pinned), a document listing, and the outcome of a change.
+//! the state of its pin), a document listing, and the outcome of a change.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 use triage_engine::PrefixSource;
 use triage_retrieval::Corpus;
-use triage_router::PinnedPrefix;
-
+use super::pins::PinState;
 use super::LoadedCorpus;
+
+/// Where a corpus's long-context prefix stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PinStatus {
+    /// Being prefilled in the background (or queued, at 0): questions answer by RAG meanwhile.
+    Pinning {
+        tokens_done: usize,
+        tokens_total: usize,
+    },
+    /// Resident in the long-context model's cache: `tokens` (whole blocks) came `from` the
+    /// cache, a saved file, or a prefill (`computed`).
+    Pinned { tokens: usize, from: &'static str },
+    /// Not resident (released to make room, or loaded for RAG only): the next question that
+    /// may take long context queues its pin.
+    Unpinned,
+    /// The corpus has no long-context path (why): it answers by RAG.
+    Unavailable { reason: String },
+}
 
 /// What loading (or listing) a corpus reports.
 #[derive(Debug, Clone, Serialize)]
@@ -33,8 +51,10 @@ pub struct CorpusSummary {
     /// prefills only the rest); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reused_tokens: Option<usize>,
-    /// Why the long-context path is unavailable for it.
+    /// Why the long-context path is unavailable for it now.
     pub long_context_unavailable: Option<String>,
+    /// The state of its prefix's pin.
+    pub pin: PinStatus,
     /// Corpora whose prefix this load released to make room (pinned again when next asked).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unpinned_corpora: Vec<String>,
@@ -72,12 +92,36 @@ pub fn pinned_name(source: PrefixSource) -> &'static str {
     }
 }
 
-pub(super) fn summary(
-    name: &str,
-    loaded: &LoadedCorpus,
-    pinned: Option<PinnedPrefix>,
-) -> CorpusSummary {
-    let pinned = pinned.or_else(|| loaded.pinned());
+/// The pin's state as a client sees it.
+fn pin_status(loaded: &LoadedCorpus) -> PinStatus {
+    let slot = loaded.slot();
+    match &slot.state {
+        PinState::NoPrefix => PinStatus::Unavailable {
+            reason: match &loaded.long_context {
+                Err(why) => why.clone(),
+                Ok(_) => "the corpus is no longer served".into(),
+            },
+        },
+        PinState::DoesNotFit(why) => PinStatus::Unavailable {
+            reason: why.clone(),
+        },
+        PinState::Pinning(job) => {
+            let (tokens_done, tokens_total) = job.progress();
+            PinStatus::Pinning {
+                tokens_done,
+                tokens_total,
+            }
+        }
+        PinState::Pinned(p) => PinStatus::Pinned {
+            tokens: p.num_tokens,
+            from: pinned_name(p.source),
+        },
+        PinState::NotResident => PinStatus::Unpinned,
+    }
+}
+
+pub(super) fn summary(name: &str, loaded: &LoadedCorpus) -> CorpusSummary {
+    let pinned = loaded.pinned();
     CorpusSummary {
         name: name.to_string(),
         generation: Some(loaded.corpus.generation),
@@ -92,6 +136,7 @@ pub(super) fn summary(
             _ => None,
         }),
         long_context_unavailable: loaded.usable_long_context().err(),
+        pin: pin_status(loaded),
         unpinned_corpora: Vec::new(),
     }
 }
@@ -109,6 +154,9 @@ pub(super) fn not_loaded(name: &str) -> CorpusSummary {
         pinned_from: None,
         reused_tokens: None,
         long_context_unavailable: Some("the corpus is not loaded".into()),
+        pin: PinStatus::Unavailable {
+            reason: "the corpus is not loaded".into(),
+        },
         unpinned_corpora: Vec::new(),
     }
 }
