@@ -17,7 +17,8 @@ pub use triage_fetch::{
 };
 pub use triage_host::{
     error_kind, CorpusSummary, DocumentSummary, DocumentsChange, Engine, ErrorKind,
-    HostError as Error, ModelEntry, PipelineSettings, Result, ServerSettings, TriageConfig,
+    HostError as Error, ModelEntry, PinStatus, PipelineSettings, Result, ServerSettings,
+    TriageConfig,
 };
 pub use triage_host::{load_embedder, load_model};
 pub use triage_models::chat_template::ChatMessage;

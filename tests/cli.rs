@@ -1008,6 +1008,115 @@ fn ingests_killed_at_random_points_leave_the_old_or_the_new_corpus() {
     assert_eq!(change.corpus.num_documents, num_docs + 20_000 + 1);
 }
 
+/// `triage ingest --wait` killed (SIGKILL) at random points, 8 times, alternately adding 20
+/// documents to a small corpus and deleting them again: some kills land while the new
+/// generation's long-context prefix is being pinned (or saved). Every time, a restarted engine
+/// opens the corpus at a stored generation (before or after, never a mix) and pins its prefix
+/// again, and a question forced to long context answers over it.
+#[test]
+fn ingests_killed_while_pinning_reopen_at_a_stored_generation_and_pin_again() {
+    use triage::{AskRequest, Engine, PinStatus, Route};
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let config = triage_host::fixtures::tiny_config(dir.path()).unwrap();
+    let embedder = config.pipeline.embedder.clone();
+    let model = dir.path().join("tiny.gguf");
+    let toml = dir.path().join("tiny.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[[models]]\nname = \"tiny\"\npath = {:?}\nkv_budget = \"512blocks\"\n\n\
+             [pipeline]\nprefix_dir = {:?}\n",
+            model.to_string_lossy(),
+            dir.path().join("prefixes").to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let write_jsonl = |name: &str, ids: std::ops::Range<usize>| {
+        let path = dir.path().join(name);
+        let lines: String = ids
+            .map(|i| format!("{{\"id\": \"n{i}\", \"text\": \"note {i} on tides\"}}\n"))
+            .collect();
+        std::fs::write(&path, lines).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let seed = write_jsonl("seed.jsonl", 0..2);
+    let more = write_jsonl("more.jsonl", 2..22);
+    let ingest = |extra: Vec<String>| {
+        let mut args: Vec<String> = ["ingest", "--corpus", "demo", "--embedder", &embedder]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(["--wait".into(), "--config".into(), toml.to_string_lossy().into()]);
+        args.extend(extra);
+        Command::new(env!("CARGO_BIN_EXE_triage"))
+            .args(args)
+            .env("TRIAGE_HOME", &home)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let adding = || vec![more.clone()];
+    let deleting = || {
+        (2..22)
+            .flat_map(|i| ["--delete".to_string(), format!("n{i}")])
+            .collect::<Vec<_>>()
+    };
+    let out = ingest(vec![seed.clone()]).wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let started = std::time::Instant::now();
+    let out = ingest(adding()).wait_with_output().unwrap();
+    let full_run_ms = started.elapsed().as_millis() as u64;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("long-context prefix pinned"), "{said}");
+
+    let mut num_docs = 22;
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut killed = 0;
+    for round in 0..8 {
+        let adding_now = num_docs == 2;
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let wait_ms = (state >> 33) % (full_run_ms + full_run_ms / 5);
+        let mut child = ingest(if adding_now { adding() } else { deleting() });
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        let _ = child.kill(); // SIGKILL; an error means it had exited already
+        if !child.wait().unwrap().success() {
+            killed += 1;
+        }
+        // A restart: a fresh engine over the same store and prefix folder.
+        let engine = Engine::new(config.clone()).unwrap().with_store(&home);
+        let loaded = engine.load_corpus("demo").unwrap_or_else(|e| {
+            panic!("round {round} (killed after {wait_ms} ms): the corpus does not open: {e}")
+        });
+        let (before, after) = (num_docs, if adding_now { 22 } else { 2 });
+        assert!(
+            loaded.num_documents == before || loaded.num_documents == after,
+            "round {round}: {} documents, expected {before} or {after}",
+            loaded.num_documents
+        );
+        num_docs = loaded.num_documents;
+        assert!(
+            matches!(loaded.pin, PinStatus::Pinned { .. }),
+            "round {round}: the prefix is pinned again: {:?}",
+            loaded.pin
+        );
+        let answer = engine
+            .ask(&AskRequest {
+                corpus: "demo".into(),
+                question: "what are the notes on".into(),
+                route: Route::Lc,
+                ..AskRequest::default()
+            })
+            .unwrap_or_else(|e| panic!("round {round}: no long-context answer: {e}"));
+        assert_eq!(answer.decision.corpus_generation, loaded.generation);
+    }
+    assert!(killed >= 3, "{killed} of 8 runs were killed mid-way");
+}
+
 /// A `triage eval` run directory of `n` forced-RAG answers on `split`, every third wrong, whose
 /// grounding ("not verbatim") tells them apart.
 fn rag_run(dir: &std::path::Path, split: &str, n: usize) {

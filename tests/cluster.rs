@@ -232,6 +232,25 @@ fn ask(url: &str, body: &Value) -> (u16, Option<String>, Option<String>, String)
     (status, worker, corpus, response.text().unwrap())
 }
 
+/// Corpus `name` as `url` reports it once its prefix's pin has ended (a change returns before
+/// it).
+fn wait_pinned(url: &str, name: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let corpus: Value = http()
+            .get(format!("{url}/v1/corpora/{name}"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if corpus["pin"]["state"] != "pinning" {
+            return corpus;
+        }
+        assert!(std::time::Instant::now() < deadline, "still pinning: {corpus}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The `pinned_from` of corpus `docs` as `url` reports it.
 fn pinned_from(url: &str) -> Value {
     let list: Value = http()
@@ -347,10 +366,8 @@ fn replicas_behind_smg_stick_to_the_corpus_and_share_its_prefix() {
         .unwrap()
         .json()
         .unwrap();
-    assert_eq!(
-        created["result"]["corpus"]["pinned_from"], "computed",
-        "{created}"
-    );
+    let pinned = wait_pinned(&writer.url, "docs");
+    assert_eq!(pinned["pin"]["from"], "computed", "{pinned}");
     let prefix = created["result"]["corpus"]["prefix_tokens"]
         .as_u64()
         .expect("the corpus has a long-context prefix");

@@ -341,7 +341,12 @@ fn a_document_added_at_the_end_reuses_the_pinned_prefix_before_it() {
     };
     let change = engine.add_documents("tiny", &[doc]).unwrap();
     assert_eq!(change.added, 1);
-    let after = change.corpus;
+    assert!(
+        matches!(change.corpus.pin, triage::PinStatus::Pinning { .. }),
+        "a change returns before its prefix is pinned: {:?}",
+        change.corpus.pin
+    );
+    let after = engine.wait_pinned("tiny").unwrap();
     assert!(after.prefix_tokens.unwrap() > prefix, "{after:?}");
     assert_eq!(after.pinned_from, Some("computed"));
     assert_eq!(after.reused_tokens, Some(prefix / 16 * 16), "{after:?}");

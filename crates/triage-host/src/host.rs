@@ -129,8 +129,10 @@ impl<M: ModelAccess + 'static> Host<M> {
             .corpora
             .get(name)?
             .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
-        self.corpora.wait_pinned(&loaded, None);
-        self.corpus(name)
+        let released = self.corpora.wait_pinned(&loaded, None);
+        let mut summary = crate::registry::summary_of(name, &loaded);
+        summary.unpinned_corpora = released;
+        Ok(summary)
     }
 
     /// Corpus `name` as it is served now (loaded for RAG first if it is only in the store).

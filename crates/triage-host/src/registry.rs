@@ -312,7 +312,7 @@ impl CorpusRegistry {
     }
 
     /// Wait up to `timeout` (for ever with `None`) while the pin of `loaded`'s generation runs;
-    /// the corpora its pin released to make room, when it ended meanwhile. Call it without
+    /// the corpora its pin released to make room, once pinned (to the first caller that asks). Call it without
     /// holding the models: a pinner that steps them in this process needs them.
     pub fn wait_pinned(&self, loaded: &LoadedCorpus, timeout: Option<Duration>) -> Vec<String> {
         loaded.wait_pinned(timeout)

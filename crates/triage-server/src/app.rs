@@ -12,7 +12,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -97,7 +97,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/route", post(route))
         .route("/v1/corpora", post(create_corpus).get(routed::list_corpora))
-        .route("/v1/corpora/{name}", delete(routed::delete_corpus))
+        .route(
+            "/v1/corpora/{name}",
+            get(routed::get_corpus).delete(routed::delete_corpus),
+        )
         .route(
             "/v1/corpora/{name}/documents",
             post(add_documents)

@@ -514,6 +514,22 @@ pub async fn add_documents(
     Ok(change_response(&change))
 }
 
+/// `GET /v1/corpora/{name}`: the corpus as it is served, with the state of its long-context
+/// prefix's pin (`pinning` with tokens done and total, `pinned`, `unpinned`, `unavailable`
+/// with the reason). A corpus only in the store is loaded first, without pinning.
+pub async fn get_corpus(
+    State(state): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = crate::app::corpus_name(path)?;
+    let service = service(&state)?;
+    let corpus = blocking(move || service.host.corpus(&name)).await?;
+    let mut body = serde_json::to_value(&corpus).map_err(|e| ApiError::internal(e.to_string()))?;
+    body["object"] = json!("corpus");
+    let response = Json(body).into_response();
+    Ok(with_corpus(response, &corpus.name, corpus.generation))
+}
+
 /// `DELETE /v1/corpora/{name}`: the corpus and its pinned prefix are gone.
 pub async fn delete_corpus(
     State(state): State<Arc<AppState>>,

@@ -199,6 +199,7 @@ async fn metrics_carry_what_gateway_schedulers_read() {
     let prefix = created["result"]["corpus"]["prefix_tokens"]
         .as_f64()
         .unwrap();
+    server.pinned_corpus("docs").await;
     let (_, text) = server.get("/metrics").await;
     // Only whole blocks (4 tokens in the test config) are pinned.
     let pinned_blocks = (prefix / 4.0).floor();
@@ -217,6 +218,7 @@ async fn metrics_carry_what_gateway_schedulers_read() {
     let path = "/v1/corpora/docs/documents";
     let (status, _, _) = send(&server, Method::POST, path, None, &more).await;
     assert_eq!(status, 200);
+    server.pinned_corpus("docs").await;
     let (_, text) = server.get("/metrics").await;
     let gen2 = ["corpus=\"docs\"", "generation=\"2\""];
     assert!(sample(&text, "triage_prefix_tokens_resident", &gen2).unwrap() > prefix);

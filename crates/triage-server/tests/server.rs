@@ -865,6 +865,75 @@ fn documents() -> Value {
     Value::Array(docs)
 }
 
+/// The case of issue 52 on the routed server: a document with a 10 KB id is a 400 naming the
+/// field; two small changes after it each return with their generation stored and its pin
+/// `pinning` (or already `pinned`), never waiting behind a prefill; `GET /v1/corpora/{name}`
+/// then reports the newest generation `pinned`, and a question forced to long context over it
+/// reads the pinned prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corpus_changes_return_before_the_prefix_is_pinned_and_report_the_pin() {
+    let server = TestServer::start_routed(|c| {
+        c.routing.lc_max_tokens = 4;
+    })
+    .await;
+    use reqwest::Method;
+    let (status, _, created) = server
+        .send(
+            Method::POST,
+            "/v1/corpora",
+            &json!({"name": "docs", "documents": documents()}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let long_id = json!({"documents": [{"id": "x".repeat(10_000), "text": "a long id"}]});
+    let (status, _, refused) = server
+        .send(Method::POST, "/v1/corpora/docs/documents", &long_id)
+        .await;
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("documents[0].id"), "{refused}");
+
+    for (i, generation) in [(7, 2), (8, 3)] {
+        let doc = json!({"documents": [{"id": format!("d{i}"), "text": format!("note {i} on the tides")}]});
+        let (status, _, changed) = server
+            .send(Method::POST, "/v1/corpora/docs/documents", &doc)
+            .await;
+        assert_eq!(status, 200, "{changed}");
+        let corpus = &changed["result"]["corpus"];
+        assert_eq!(corpus["generation"], generation, "{changed}");
+        let state = corpus["pin"]["state"].as_str().unwrap();
+        assert!(state == "pinning" || state == "pinned", "{changed}");
+        if state == "pinning" {
+            let total = corpus["pin"]["tokens_total"].as_u64().unwrap();
+            assert!(total > 0 && corpus["pin"]["tokens_done"].as_u64().unwrap() <= total);
+        }
+    }
+    let corpus = server.pinned_corpus("docs").await;
+    assert_eq!(corpus["object"], "corpus");
+    assert_eq!(corpus["generation"], 3, "{corpus}");
+    assert_eq!(corpus["documents"], 8, "{corpus}");
+    assert_eq!(corpus["pin"]["state"], "pinned", "{corpus}");
+    let tokens = corpus["pin"]["tokens"].as_u64().unwrap();
+    assert!(tokens > 0 && tokens <= corpus["prefix_tokens"].as_u64().unwrap());
+
+    let (status, route, body) = server
+        .send(
+            Method::POST,
+            "/v1/chat/completions",
+            &ask("where did the dog run", json!({"corpus": "docs", "route": "lc"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(route.as_deref(), Some("lc"));
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= tokens, "{cached} cached of the {tokens} pinned");
+
+    let (status, body) = server.get("/v1/corpora/nope").await;
+    assert_eq!(status, 404, "{body}");
+}
+
 /// `body` with `key` set to `value`.
 fn with(mut body: Value, key: &str, value: Value) -> Value {
     body[key] = value;
@@ -905,7 +974,9 @@ async fn the_pipeline_answers_over_corpora_managed_by_the_api() {
     let prefix = created["result"]["corpus"]["prefix_tokens"]
         .as_u64()
         .unwrap();
-    assert_eq!(created["result"]["corpus"]["pinned_from"], "computed");
+    let pinned = server.pinned_corpus("docs").await;
+    assert_eq!(pinned["pin"]["from"], "computed", "{pinned}");
+    assert_eq!(pinned["pinned_from"], "computed", "{pinned}");
     let (status, list) = server.get("/v1/corpora").await;
     assert_eq!(status, 200);
     let list: Value = serde_json::from_str(&list).unwrap();

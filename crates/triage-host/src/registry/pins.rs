@@ -91,11 +91,10 @@ impl LoadedCorpus {
     }
 
     /// Wait up to `timeout` (for ever with `None`) while a pin for this generation runs; the
-    /// corpora the pin released to make room, when it ended meanwhile.
+    /// corpora its pin released to make room, once pinned (to the first caller that asks).
     pub(super) fn wait_pinned(&self, timeout: Option<Duration>) -> Vec<String> {
         let running = |s: &mut PinSlot| matches!(s.state, PinState::Pinning(_)) && !s.retired;
         let slot = self.slot();
-        let was_running = matches!(slot.state, PinState::Pinning(_));
         let mut slot = match timeout {
             Some(t) => {
                 self.pin_changed
@@ -108,7 +107,8 @@ impl LoadedCorpus {
                 .wait_while(slot, running)
                 .unwrap_or_else(PoisonError::into_inner),
         };
-        if was_running && matches!(slot.state, PinState::Pinned(_)) {
+        // The first caller to see the pin reports what it released.
+        if matches!(slot.state, PinState::Pinned(_)) {
             std::mem::take(&mut slot.released)
         } else {
             Vec::new()

@@ -226,6 +226,22 @@ impl TestServer {
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
+    /// `GET /v1/corpora/{name}` once its prefix's pin has ended (a corpus change returns
+    /// before it), which must be within a minute on the tiny model.
+    pub async fn pinned_corpus(&self, name: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (status, body) = self.get(&format!("/v1/corpora/{name}")).await;
+            assert_eq!(status, 200, "{body}");
+            let body: Value = serde_json::from_str(&body).unwrap();
+            if body["pin"]["state"] != "pinning" {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "still pinning: {body}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// POST a streaming request and return its `data:` payloads in order.
     pub async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
         let r = reqwest::Client::new()
