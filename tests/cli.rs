@@ -1047,7 +1047,11 @@ fn ingests_killed_while_pinning_reopen_at_a_stored_generation_and_pin_again() {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        args.extend(["--wait".into(), "--config".into(), toml.to_string_lossy().into()]);
+        args.extend([
+            "--wait".into(),
+            "--config".into(),
+            toml.to_string_lossy().into(),
+        ]);
         args.extend(extra);
         Command::new(env!("CARGO_BIN_EXE_triage"))
             .args(args)
@@ -1064,11 +1068,19 @@ fn ingests_killed_while_pinning_reopen_at_a_stored_generation_and_pin_again() {
             .collect::<Vec<_>>()
     };
     let out = ingest(vec![seed.clone()]).wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let started = std::time::Instant::now();
     let out = ingest(adding()).wait_with_output().unwrap();
     let full_run_ms = started.elapsed().as_millis() as u64;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("long-context prefix pinned"), "{said}");
 

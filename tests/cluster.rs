@@ -246,7 +246,10 @@ fn wait_pinned(url: &str, name: &str) -> Value {
         if corpus["pin"]["state"] != "pinning" {
             return corpus;
         }
-        assert!(std::time::Instant::now() < deadline, "still pinning: {corpus}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still pinning: {corpus}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }

@@ -54,7 +54,7 @@ pub fn run(args: IngestArgs) -> Result<()> {
         corpus: args.corpus.clone(),
         paths: args.paths,
         delete: args.delete,
-        embedder: args.embedder,
+        embedder: args.embedder.clone(),
         chunker,
     })?;
     let milvus = match &args.milvus {
@@ -77,7 +77,11 @@ pub fn run(args: IngestArgs) -> Result<()> {
         println!("{out}");
     } else {
         if let Some(corpus) = &pinned {
-            println!("{}: long-context prefix {}", args.corpus, pin_text(&corpus.pin));
+            println!(
+                "{}: long-context prefix {}",
+                args.corpus,
+                pin_text(&corpus.pin)
+            );
         }
         if let Some(m) = milvus {
             println!(

@@ -1132,13 +1132,19 @@ fn a_pin_job_reports_progress_and_stops_when_cancelled() {
     engine.step().unwrap();
     engine.step().unwrap();
     let (done, total) = first.progress();
-    assert!(done >= 64 && done < total, "{done} of {total} after two steps");
+    assert!(
+        done >= 64 && done < total,
+        "{done} of {total} after two steps"
+    );
     assert!(first.outcome().is_none());
     first.cancel();
     engine.step().unwrap();
     assert_eq!(first.outcome(), Some(Err(PinFailure::Cancelled)));
     assert!(!engine.has_pending_pins() && !engine.has_unfinished());
-    assert!(!engine.release_pin(&corpus), "a cancelled pin holds nothing");
+    assert!(
+        !engine.release_pin(&corpus),
+        "a cancelled pin holds nothing"
+    );
 
     let second = PinJob::new(corpus.len());
     engine.begin_pin(&corpus, None, second.clone());

@@ -346,9 +346,10 @@ impl<M: ModelAccess + 'static> Host<M> {
     fn corpus_for(&self, request: &AskRequest) -> Result<(Arc<LoadedCorpus>, Vec<String>)> {
         let routing = &self.pipeline.config;
         let prefix = prefix_use(request.route, routing);
-        let loaded = self
-            .models
-            .with_generator(|g| self.corpora.get_or_load(g, routing, &request.corpus, prefix))??;
+        let loaded = self.models.with_generator(|g| {
+            self.corpora
+                .get_or_load(g, routing, &request.corpus, prefix)
+        })??;
         let released = match (prefix, request.route) {
             (PrefixUse::Never, _) => Vec::new(),
             (PrefixUse::MayRead, Route::Lc) => self.corpora.wait_pinned(&loaded, None),

@@ -28,6 +28,5 @@ pub use host::{Host, ModelAccess, DEFAULT_PIN_WAIT};
 pub use in_process::{Engine, InProcessModels};
 pub use loader::{load_embedder, load_model, load_shared};
 pub use registry::{
-    CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PinStatus, PinTask,
-    PrefixUse,
+    CorpusRegistry, CorpusSummary, DocumentSummary, DocumentsChange, PinStatus, PinTask, PrefixUse,
 };

@@ -25,8 +25,8 @@ use crate::error::{HostError, Result};
 mod pins;
 mod summary;
 
-use pins::{PinQueue, PinSlot, PinState};
 pub use pins::PinTask;
+use pins::{PinQueue, PinSlot, PinState};
 use summary::{document_bytes, not_loaded, summary};
 pub use summary::{CorpusSummary, DocumentSummary, DocumentsChange, PinStatus};
 

@@ -920,7 +920,10 @@ async fn corpus_changes_return_before_the_prefix_is_pinned_and_report_the_pin() 
         .send(
             Method::POST,
             "/v1/chat/completions",
-            &ask("where did the dog run", json!({"corpus": "docs", "route": "lc"})),
+            &ask(
+                "where did the dog run",
+                json!({"corpus": "docs", "route": "lc"}),
+            ),
         )
         .await;
     assert_eq!(status, 200, "{body}");

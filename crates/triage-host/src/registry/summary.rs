@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 
+use super::pins::PinState;
+use super::LoadedCorpus;
 use serde::Serialize;
 use triage_engine::PrefixSource;
 use triage_retrieval::Corpus;
-use super::pins::PinState;
-use super::LoadedCorpus;
 
 /// Where a corpus's long-context prefix stands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -357,7 +357,10 @@ fn a_change_returns_before_its_pin_and_a_newer_change_cancels_the_older_pin() {
             assert!(Instant::now() < deadline, "the pin never started");
             std::thread::sleep(Duration::from_millis(5));
         };
-        assert!(done < tokens_total, "held mid-way: {done} of {tokens_total}");
+        assert!(
+            done < tokens_total,
+            "held mid-way: {done} of {tokens_total}"
+        );
         let why = generation_2.view("c").long_context.unwrap_err();
         assert!(why.contains("being pinned"), "{why}");
 
@@ -382,7 +385,10 @@ fn a_change_returns_before_its_pin_and_a_newer_change_cancels_the_older_pin() {
         );
         assert!(generation_3.view("c").long_context.is_ok());
         assert!(
-            matches!(summary_of("c", &generation_2).pin, PinStatus::Unavailable { .. }),
+            matches!(
+                summary_of("c", &generation_2).pin,
+                PinStatus::Unavailable { .. }
+            ),
             "the older pin was cancelled"
         );
         assert_eq!(
