@@ -368,3 +368,6 @@ fn prefix_use(route: Route, routing: &RoutingConfig) -> PrefixUse {
         Route::Auto | Route::None | Route::Rag | Route::Hybrid => PrefixUse::Never,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,6 +14,8 @@ mod in_process;
 mod loader;
 mod object_prefixes;
 mod registry;
+#[cfg(test)]
+mod test_models;
 
 /// A config over tiny random-weight models for tests (the `test-support` feature).
 #[cfg(feature = "test-support")]

@@ -3,101 +3,11 @@
 //! pinned, and a newer change cancels an older pin.
 
 use std::path::Path;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, MutexGuard};
-
-use candle_core::quantized::GgmlDType;
 use std::time::Instant;
 
-use triage_engine::{EngineConfig, GenerateRequest, KvBudget, LlmEngine, PinJob, TokenOutput};
-use triage_models::config::Architecture;
-use triage_models::fixtures::{write_tiny_gguf, TinySpec};
-use triage_models::model::Model;
-use triage_models::transformer::LoadOptions;
-
-use triage_router::{Generated, ModelRole, RouterError};
-
-use crate::host::ModelAccess;
+use crate::test_models::{doc, notes, replica, Models};
 
 use super::*;
-
-/// An engine that can be told to fail every model lookup (as a broken model would), and
-/// whose pins step only as far as the test allows.
-struct Flaky {
-    engine: LlmEngine,
-    broken: bool,
-    /// Pins started so far.
-    num_pins: usize,
-    /// Engine steps the pinner may still take (unbounded unless a test bounds it).
-    steps_allowed: Arc<AtomicUsize>,
-}
-
-/// The engine as the pinner reaches it: one lock, taken for one call at a time.
-struct Models(Mutex<Flaky>);
-
-impl ModelAccess for Models {
-    fn with_generator<R>(&self, f: impl FnOnce(&mut dyn Generator) -> R) -> Result<R> {
-        Ok(f(&mut *self.0.lock().unwrap()))
-    }
-}
-
-impl Models {
-    fn g(&self) -> MutexGuard<'_, Flaky> {
-        self.0.lock().unwrap()
-    }
-}
-
-impl Generator for Flaky {
-    fn model(&self, role: ModelRole) -> triage_router::Result<Arc<triage_models::model::Model>> {
-        if self.broken {
-            return Err(RouterError::Invalid("the model is broken".into()));
-        }
-        Generator::model(&self.engine, role)
-    }
-
-    fn generate(
-        &mut self,
-        role: ModelRole,
-        requests: &[GenerateRequest],
-        watch: &mut dyn FnMut(usize, &TokenOutput, &str) -> bool,
-    ) -> triage_router::Result<Vec<Generated>> {
-        Generator::generate(&mut self.engine, role, requests, watch)
-    }
-
-    fn start_pin(
-        &mut self,
-        role: ModelRole,
-        tokens: &[u32],
-        dir: Option<&Path>,
-        job: Arc<PinJob>,
-    ) -> triage_router::Result<()> {
-        self.num_pins += 1;
-        Generator::start_pin(&mut self.engine, role, tokens, dir, job)
-    }
-
-    fn drive_pins(&mut self) -> triage_router::Result<bool> {
-        let allowed = &self.steps_allowed;
-        if allowed
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_err()
-        {
-            return Ok(false); // held: the pinner waits and looks again
-        }
-        Generator::drive_pins(&mut self.engine)
-    }
-
-    fn unpin_prefix(&mut self, role: ModelRole, tokens: &[u32]) -> triage_router::Result<()> {
-        Generator::unpin_prefix(&mut self.engine, role, tokens)
-    }
-}
-
-fn doc(id: &str, text: &str) -> Document {
-    Document {
-        id: id.into(),
-        title: id.into(),
-        text: text.into(),
-    }
-}
 
 /// A change whose documents are stored but whose new generation cannot be loaded says so,
 /// keeps serving the previous documents, and the next load picks the stored ones up.
@@ -147,36 +57,6 @@ fn lone_replica(dir: &Path) -> (Models, CorpusRegistry) {
     let (g, embedder) = replica(dir);
     let registry = CorpusRegistry::new(&dir.join("store"), dir.join("prefixes"), embedder);
     (Models(Mutex::new(g)), registry)
-}
-
-/// An engine over a tiny model and a tiny embedder, both written under `dir`.
-fn replica(dir: &Path) -> (Flaky, BertEmbedder) {
-    let path = dir.join("tiny.gguf");
-    let spec = TinySpec {
-        context_length: 2048,
-        ..TinySpec::new(Architecture::Qwen2)
-    };
-    write_tiny_gguf(&path, &spec, GgmlDType::F32).unwrap();
-    let model = Arc::new(Model::load("tiny", &path, &LoadOptions::default()).unwrap());
-    let config = EngineConfig {
-        kv_budget: KvBudget::Blocks(256),
-        max_num_batched_tokens: 64,
-        ..EngineConfig::default()
-    };
-    let bert = dir.join("bert");
-    triage_models::bert_fixtures::write_tiny_bert(&bert, false, 7).unwrap();
-    let embedder = BertEmbedder {
-        name: "tiny-bert".into(),
-        model: triage_models::bert::SentenceEmbedder::load(&bert, &candle_core::Device::Cpu)
-            .unwrap(),
-    };
-    let engine = Flaky {
-        engine: LlmEngine::new(model, config).unwrap(),
-        broken: false,
-        num_pins: 0,
-        steps_allowed: Arc::new(AtomicUsize::new(usize::MAX)),
-    };
-    (engine, embedder)
 }
 
 /// Two replicas over one shared store: one writes, the other loads a corpus it has never seen
@@ -282,18 +162,6 @@ fn an_unpinned_corpus_is_pinned_by_the_first_question_that_may_take_long_context
         pinned_by_create + 1,
         "pinned once, then resident"
     );
-}
-
-/// Documents long enough that pinning them takes many 64-token steps.
-fn notes(from: usize, to: usize) -> Vec<Document> {
-    (from..to)
-        .map(|i| {
-            doc(
-                &format!("n{i}"),
-                &format!("note {i}: the tide rose over the rocks at dawn and fell by noon"),
-            )
-        })
-        .collect()
 }
 
 /// Blocks pinned in the engine's pool now.
