@@ -228,6 +228,18 @@ fn config(num_blocks: usize) -> EngineConfig {
     }
 }
 
+/// A corpus prefix of 300 to 500 tokens.
+fn tide_corpus(model: &Model) -> Vec<u32> {
+    model
+        .tokenizer
+        .encode(
+            &"the tide comes in and the tide goes out; ".repeat(12),
+            false,
+            false,
+        )
+        .unwrap()
+}
+
 /// A corpus prefix being pinned is a request like the others: a short request added after it
 /// is admitted beside the prefill (which takes at most half a step's tokens while others wait)
 /// and finishes before it; the pin then completes, and pinning again finds it cached.
@@ -235,14 +247,7 @@ fn config(num_blocks: usize) -> EngineConfig {
 fn a_prefix_being_pinned_does_not_hold_up_other_requests() {
     let (_dir, model) = tiny();
     let mut engine = LlmEngine::new(model.clone(), config(256)).unwrap();
-    let corpus: Vec<u32> = model
-        .tokenizer
-        .encode(
-            &"the tide comes in and the tide goes out; ".repeat(12),
-            false,
-            false,
-        )
-        .unwrap();
+    let corpus = tide_corpus(&model);
     assert!(
         (300..500).contains(&corpus.len()),
         "{} tokens",
@@ -1117,14 +1122,7 @@ fn a_pin_job_reports_progress_and_stops_when_cancelled() {
     use triage_engine::{PinFailure, PinJob};
     let (_dir, model) = tiny();
     let mut engine = LlmEngine::new(model.clone(), config(256)).unwrap(); // 64-token steps
-    let corpus: Vec<u32> = model
-        .tokenizer
-        .encode(
-            &"the tide comes in and the tide goes out; ".repeat(12),
-            false,
-            false,
-        )
-        .unwrap();
+    let corpus = tide_corpus(&model);
     let full = corpus.len() / 4 * 4;
     let first = PinJob::new(corpus.len());
     engine.begin_pin(&corpus, None, first.clone());

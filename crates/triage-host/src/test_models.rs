@@ -137,4 +137,3 @@ pub fn notes(from: usize, to: usize) -> Vec<Document> {
         })
         .collect()
 }
-

@@ -53,7 +53,11 @@ fn questions_during_a_re_pin_never_mix_generations() {
     let auto = host.ask(&ask(Route::Auto)).unwrap();
     assert_ne!(auto.decision.path, RoutePath::Lc, "{:?}", auto.decision);
     assert_eq!(auto.decision.corpus_generation, Some(2));
-    let why = auto.decision.long_context_unavailable.clone().unwrap_or_default();
+    let why = auto
+        .decision
+        .long_context_unavailable
+        .clone()
+        .unwrap_or_default();
     assert!(why.contains("generation 2 is being pinned"), "{why}");
 
     // Forced long context waits for generation 2's pin, which runs once the steps are let go.
