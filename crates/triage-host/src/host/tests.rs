@@ -18,9 +18,11 @@ fn questions_during_a_re_pin_never_mix_generations() {
     let dir = tempfile::tempdir().unwrap();
     let (flaky, embedder) = replica(dir.path());
     let steps = flaky.steps_allowed.clone();
-    let mut routing = RoutingConfig::default();
-    routing.rag_max_tokens = 4;
-    routing.lc_max_tokens = 4;
+    let mut routing = RoutingConfig {
+        rag_max_tokens: 4,
+        lc_max_tokens: 4,
+        ..RoutingConfig::default()
+    };
     routing.retrieval.k = 2;
     let host = Host::with_models(
         Models(Mutex::new(flaky)),
