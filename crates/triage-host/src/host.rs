@@ -130,7 +130,7 @@ impl<M: ModelAccess + 'static> Host<M> {
             .get(name)?
             .ok_or_else(|| HostError::UnknownCorpus(name.to_string()))?;
         let released = self.corpora.wait_pinned(&loaded, None);
-        let mut summary = crate::registry::summary_of(name, &loaded);
+        let mut summary = crate::registry::summary(name, &loaded);
         summary.unpinned_corpora = released;
         Ok(summary)
     }
@@ -141,7 +141,7 @@ impl<M: ModelAccess + 'static> Host<M> {
         self.models.with_generator(|g| {
             self.corpora
                 .get_or_load(g, routing, name, PrefixUse::Never)
-                .map(|loaded| crate::registry::summary_of(name, &loaded))
+                .map(|loaded| crate::registry::summary(name, &loaded))
         })?
     }
 
@@ -336,9 +336,7 @@ impl<M: ModelAccess + 'static> Host<M> {
             Ok(record)
         })?
     }
-}
 
-impl<M: ModelAccess + 'static> Host<M> {
     /// The corpus a question is asked over, with its pin waited for as its route says: a
     /// forced long context until the pin ends, auto routing that may take long context up to
     /// the host's `pin_wait` (then it answers without it, and its record says why), other

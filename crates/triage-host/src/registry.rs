@@ -27,7 +27,8 @@ mod summary;
 
 pub use pins::PinTask;
 use pins::{PinQueue, PinSlot, PinState};
-use summary::{document_bytes, not_loaded, summary};
+pub(crate) use summary::summary;
+use summary::{document_bytes, not_loaded};
 pub use summary::{CorpusSummary, DocumentSummary, DocumentsChange, PinStatus};
 
 /// Whether a caller may read a corpus's long-context prefix: only then is a prefix that is not
@@ -119,11 +120,6 @@ impl LoadedCorpus {
             long_context: self.usable_long_context(),
         }
     }
-}
-
-/// What a loaded corpus reports.
-pub fn summary_of(name: &str, loaded: &LoadedCorpus) -> CorpusSummary {
-    summary(name, loaded)
 }
 
 /// A store error, a missing corpus as the host's own `UnknownCorpus`.
@@ -312,8 +308,8 @@ impl CorpusRegistry {
     }
 
     /// Wait up to `timeout` (for ever with `None`) while the pin of `loaded`'s generation runs;
-    /// the corpora its pin released to make room, once pinned (to the first caller that asks). Call it without
-    /// holding the models: a pinner that steps them in this process needs them.
+    /// the corpora its pin released to make room, once pinned (to the first caller that asks).
+    /// Call it without holding the models: a pinner that steps them in this process needs them.
     pub fn wait_pinned(&self, loaded: &LoadedCorpus, timeout: Option<Duration>) -> Vec<String> {
         loaded.wait_pinned(timeout)
     }

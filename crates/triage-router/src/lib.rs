@@ -21,8 +21,7 @@ pub use pipeline::classifier::{
     best_threshold, evaluate, ClassifyWith, LearnedClassifier, QueryClassifier, ZeroShotClassifier,
 };
 pub use pipeline::long_context_prompt::{
-    corpus_text, long_context_prompt, pin_long_context, LongContextOrWhy, LongContextPrompt,
-    QUESTION_HEADROOM,
+    corpus_text, long_context_prompt, LongContextOrWhy, LongContextPrompt, QUESTION_HEADROOM,
 };
 pub use pipeline::{
     Answer, AnswerEvent, AnswerTimings, AnswerUsage, AskRequest, CorpusView, Pipeline,

@@ -261,8 +261,8 @@ impl CorpusRegistry {
             })? {
                 Ok(()) => match self.drive(models, &job)? {
                     Some(outcome) => outcome,
-                    // Closed: the host is going away, and the cancelled job ends on its own.
-                    None => return Ok(()),
+                    // Closed: the host is going away; the cancelled job ends on its own.
+                    None => Err(PinFailure::Cancelled),
                 },
                 Err(e) => Err(PinFailure::Failed(e.to_string())),
             };
@@ -298,6 +298,7 @@ impl CorpusRegistry {
             }
             let mut slot = loaded.slot();
             if slot.retired {
+                loaded.settle(&mut slot, PinState::NoPrefix);
                 return Ok(());
             }
             slot.state = PinState::Pinning(PinJob::new(lc.prefix.len()));

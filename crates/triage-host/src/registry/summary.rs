@@ -120,7 +120,8 @@ fn pin_status(loaded: &LoadedCorpus) -> PinStatus {
     }
 }
 
-pub(super) fn summary(name: &str, loaded: &LoadedCorpus) -> CorpusSummary {
+/// What a loaded corpus reports.
+pub(crate) fn summary(name: &str, loaded: &LoadedCorpus) -> CorpusSummary {
     let pinned = loaded.pinned();
     CorpusSummary {
         name: name.to_string(),

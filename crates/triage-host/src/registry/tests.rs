@@ -216,8 +216,8 @@ fn a_change_returns_before_its_pin_and_a_newer_change_cancels_the_older_pin() {
         // The two steps allowed prefill part of it; then it is held.
         let deadline = Instant::now() + Duration::from_secs(60);
         let done = loop {
-            let summary = summary_of("c", &generation_2);
-            if let PinStatus::Pinning { tokens_done, .. } = summary.pin {
+            let status = summary("c", &generation_2);
+            if let PinStatus::Pinning { tokens_done, .. } = status.pin {
                 if tokens_done >= 128 && steps.load(Ordering::SeqCst) == 0 {
                     break tokens_done;
                 }
@@ -242,19 +242,19 @@ fn a_change_returns_before_its_pin_and_a_newer_change_cancels_the_older_pin() {
         registry.wait_pinned(&generation_3, Some(Duration::from_secs(120)));
         registry.close_pins();
 
-        let summary = summary_of("c", &generation_3);
-        let PinStatus::Pinned { tokens, from } = summary.pin else {
-            panic!("{:?}", summary.pin);
+        let status = summary("c", &generation_3);
+        let PinStatus::Pinned { tokens, from } = status.pin else {
+            panic!("{:?}", status.pin);
         };
         assert_eq!(from, "computed");
         assert!(
-            summary.reused_tokens.unwrap() >= 128,
-            "the cancelled pin's prefill was reused: {summary:?}"
+            status.reused_tokens.unwrap() >= 128,
+            "the cancelled pin's prefill was reused: {status:?}"
         );
         assert!(generation_3.view("c").long_context.is_ok());
         assert!(
             matches!(
-                summary_of("c", &generation_2).pin,
+                summary("c", &generation_2).pin,
                 PinStatus::Unavailable { .. }
             ),
             "the older pin was cancelled"

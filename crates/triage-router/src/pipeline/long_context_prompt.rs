@@ -4,14 +4,13 @@
 //! cache when the corpus is loaded; an escalation then prefills only the question.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use triage_models::chat_template::ChatMessage;
 use triage_models::model::Model;
 use triage_retrieval::Corpus;
 
 use crate::error::{Result, RouterError};
-use crate::generator::{Generator, ModelRole, PinnedPrefix};
+use crate::generator::{Generator, ModelRole};
 use crate::{RoutePath, RoutingConfig};
 
 /// Tokens kept free after a corpus prefix for the question and the answer.
@@ -45,26 +44,6 @@ pub fn long_context_prompt(
         )));
     }
     Ok(Ok(lc))
-}
-
-/// Pin the prefix of `lc` in the long-context model, persisted under `prefix_dir`; a pool too
-/// small for it is `Ok(Err(why))`.
-pub fn pin_long_context(
-    generator: &mut dyn Generator,
-    lc: &LongContextPrompt,
-    prefix_dir: &Path,
-) -> Result<std::result::Result<PinnedPrefix, String>> {
-    std::fs::create_dir_all(prefix_dir)
-        .map_err(|e| RouterError::Invalid(format!("creating {}: {e}", prefix_dir.display())))?;
-    Ok(
-        match generator.pin_prefix(ModelRole::LongContext, &lc.prefix, Some(prefix_dir)) {
-            Ok(pinned) => Ok(pinned),
-            Err(e) => Err(format!(
-                "the {}-token corpus prefix does not fit in the long-context model's KV cache: {e}",
-                lc.prefix.len()
-            )),
-        },
-    )
 }
 
 const SYSTEM: &str = "You answer questions about the documents the user provides. Answer with \
